@@ -1,0 +1,5 @@
+"""rlgate: the RL gateway for LLM agents."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

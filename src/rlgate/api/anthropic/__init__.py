@@ -1,0 +1,1 @@
+"""rlgate.api.anthropic."""

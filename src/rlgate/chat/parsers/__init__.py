@@ -1,0 +1,1 @@
+"""rlgate.chat.parsers."""
