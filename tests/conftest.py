@@ -26,3 +26,44 @@ def tokenizer(tiny_model_dir: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+from helpers import ADMIN_KEY
+
+
+@pytest.fixture(scope="session")
+def stop_ids(tokenizer, tiny_model_dir) -> list[int]:
+    from rlgate.model import stop_token_ids
+
+    return stop_token_ids(tokenizer, tiny_model_dir)
+
+
+@pytest.fixture
+def make_app(tokenizer, stop_ids):
+    """``make_app(engine=None, **config_overrides) -> app`` (fake engine by default)."""
+    from rlgate.config import GatewayConfig
+    from rlgate.engine.fake import FakeEngine
+    from rlgate.server.app import create_app
+    from rlgate.store.base import MemoryStore
+
+    def _make(engine=None, store=None, **overrides):
+        engine = engine if engine is not None else FakeEngine(tokenizer)
+        config = GatewayConfig(admin_key=ADMIN_KEY, **overrides)
+        return create_app(config, engine, store or MemoryStore(), tokenizer, stop_token_ids=stop_ids)
+
+    return _make
+
+
+@pytest.fixture
+def asgi_client():
+    """``async with asgi_client(app) as c`` -> httpx client talking to the app in-process."""
+    import contextlib
+
+    import httpx
+
+    @contextlib.asynccontextmanager
+    async def _client(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as c:
+            yield c
+
+    return _client

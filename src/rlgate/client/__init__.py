@@ -1,1 +1,7 @@
-"""rlgate.client."""
+"""HTTP client for the gateway's control routes."""
+
+from __future__ import annotations
+
+from rlgate.client.gateway import GatewayClient, GatewayClientError, SessionHandle
+
+__all__ = ["GatewayClient", "GatewayClientError", "SessionHandle"]

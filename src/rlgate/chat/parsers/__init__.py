@@ -1,1 +1,32 @@
-"""rlgate.chat.parsers."""
+"""Tool-call and reasoning parsers (importing this package registers all formats)."""
+
+from __future__ import annotations
+
+from rlgate.chat.parsers import hermes, llama3_json, think  # noqa: F401  (registration)
+from rlgate.chat.parsers.base import (
+    ContentText,
+    ParsedToolCall,
+    ReasoningParser,
+    ReasoningText,
+    ToolParser,
+    get_reasoning_parser,
+    get_tool_parser,
+    reasoning_parser_names,
+    register_reasoning_parser,
+    register_tool_parser,
+    tool_parser_names,
+)
+
+__all__ = [
+    "ContentText",
+    "ParsedToolCall",
+    "ReasoningParser",
+    "ReasoningText",
+    "ToolParser",
+    "get_reasoning_parser",
+    "get_tool_parser",
+    "reasoning_parser_names",
+    "register_reasoning_parser",
+    "register_tool_parser",
+    "tool_parser_names",
+]

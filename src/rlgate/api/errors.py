@@ -1,0 +1,142 @@
+"""One exception hierarchy for the gateway, one error envelope per API surface.
+
+Exceptions (``GatewayError`` subclasses) carry an HTTP status, a message, and the
+offending parameter. :func:`error_body` builds the body in the shape of the surface
+that served the request:
+
+* OpenAI (chat, responses, control routes):
+  ``{"error": {"message", "type", "param", "code"}}``
+* Anthropic (``/v1/messages*``): ``{"type": "error", "error": {"type", "message"}}``
+
+Hierarchy::
+
+    GatewayError (400 invalid_request_error)
+    ├── InvalidRequest (400)
+    │   └── ContextLengthExceeded (400, code context_length_exceeded)
+    ├── AuthenticationFailed (401)
+    ├── PermissionDenied (403)
+    ├── NotFound (404)
+    ├── Conflict (409)
+    ├── Gone (410)
+    ├── PayloadTooLarge (413)
+    ├── RateLimited (429)
+    ├── UpstreamError (502)
+    └── Unavailable (503)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GatewayError(Exception):
+    status: int = 400
+    openai_type: str = "invalid_request_error"
+    anthropic_type: str = "invalid_request_error"
+    default_code: str | None = None
+
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str | None = None, status: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code or self.default_code
+        if status is not None:
+            self.status = status
+
+
+class InvalidRequest(GatewayError):
+    pass
+
+
+class ContextLengthExceeded(InvalidRequest):
+    default_code = "context_length_exceeded"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    openai_type = "authentication_error"
+    anthropic_type = "authentication_error"
+    default_code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    openai_type = "permission_error"
+    anthropic_type = "permission_error"
+    default_code = "permission_denied"
+
+
+class NotFound(GatewayError):
+    status = 404
+    openai_type = "not_found_error"
+    anthropic_type = "not_found_error"
+    default_code = "not_found"
+
+
+class Conflict(GatewayError):
+    status = 409
+    default_code = "conflict"
+
+
+class Gone(GatewayError):
+    status = 410
+    default_code = "gone"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    anthropic_type = "request_too_large"
+    default_code = "request_too_large"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    openai_type = "rate_limit_error"
+    anthropic_type = "rate_limit_error"
+    default_code = "rate_limited"
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    openai_type = "server_error"
+    anthropic_type = "api_error"
+    default_code = "upstream_error"
+
+
+class Unavailable(GatewayError):
+    status = 503
+    openai_type = "server_error"
+    anthropic_type = "overloaded_error"
+    default_code = "unavailable"
+
+
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
+def surface_of(path: str) -> str:
+    """``"anthropic"`` for Anthropic routes, else ``"openai"``."""
+    return "anthropic" if path.startswith(ANTHROPIC_PREFIX) else "openai"
+
+
+def error_body(exc: GatewayError, surface: str) -> dict[str, Any]:
+    if surface == "anthropic":
+        return {"type": "error", "error": {"type": exc.anthropic_type, "message": exc.message}}
+    return {"error": {"message": exc.message, "type": exc.openai_type, "param": exc.param, "code": exc.code}}
+
+
+def from_status(status: int, message: str) -> GatewayError:
+    """A GatewayError for a bare HTTP status (framework errors: 404 route, 405 method...)."""
+    cls: type[GatewayError] = {
+        401: AuthenticationFailed,
+        403: PermissionDenied,
+        404: NotFound,
+        409: Conflict,
+        410: Gone,
+        413: PayloadTooLarge,
+        429: RateLimited,
+        502: UpstreamError,
+        503: Unavailable,
+    }.get(status, InvalidRequest)
+    return cls(message, status=status)

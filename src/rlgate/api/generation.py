@@ -1,0 +1,348 @@
+"""The serving core shared by every API surface.
+
+A surface converts its wire request into a :class:`ChatRequest` and calls
+:meth:`GenerationService.prepare` (which validates, finds the parent interaction,
+builds the prompt token ids and registers a pending interaction — all errors happen
+here, before any response byte is sent), then iterates :meth:`GenerationService.run`,
+which yields :class:`~rlgate.chat.output.OutputEvent` s while the engine generates and
+finally one :class:`Finished`. Streaming surfaces forward events as they come;
+non-streaming surfaces collect them. Both record the same trajectory.
+
+If the consumer stops early (client disconnect), the engine request is aborted and
+the interaction is kept with ``finish_reason="abort"`` and the tokens generated so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlgate.api.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
+from rlgate.chat.conversation import Message, ToolSpec, tools_digest
+from rlgate.chat.output import OutputAssembler, OutputEvent, openai_call_id
+from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser
+from rlgate.chat.render import BridgeError, ChatRenderer, TemplateError
+from rlgate.config import GatewayConfig
+from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
+from rlgate.server.sessions import SessionManager
+from rlgate.trajectory.interaction import Interaction, Session
+from rlgate.trajectory.tree import extend_digest, find_parent
+
+log = logging.getLogger("rlgate.generation")
+
+
+@dataclass
+class ChatRequest:
+    """A generation request in rlgate's internal form (any surface)."""
+
+    messages: list[Message]
+    tools: list[ToolSpec] = field(default_factory=list)
+    tool_choice: Any = "auto"  # "auto" | "none" | "required" | {"name": ...}; only "none" changes parsing
+    max_tokens: int | None = None  # generated tokens; None -> config.default_max_tokens
+    max_total_tokens: int | None = None  # prompt + generated
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    store: bool = True  # False: serve but record nothing
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Prepared:
+    """A validated request, ready to generate."""
+
+    session: Session
+    request: ChatRequest
+    interaction_id: str
+    api: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    interaction: Interaction | None  # None when store=False
+    call_id: Callable[[], str]
+
+
+@dataclass
+class Finished:
+    """The last event of a run."""
+
+    interaction_id: str
+    content: str
+    reasoning: str
+    tool_calls: list[Any]
+    finish_reason: str  # stop | length | tool_calls | abort
+    stop_kind: str  # stop_token | stop_string | length | abort
+    stop_sequence: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    message: Message
+
+
+class GenerationService:
+    def __init__(
+        self,
+        *,
+        config: GatewayConfig,
+        engine: Engine,
+        tokenizer: Any,
+        sessions: SessionManager,
+        stop_token_ids: list[int],
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.renderer = ChatRenderer(tokenizer)
+        self.sessions = sessions
+        self.stop_token_ids = tuple(stop_token_ids)
+        # Validate parser names once, at startup.
+        if config.tool_parser:
+            get_tool_parser(config.tool_parser)
+        if config.reasoning_parser:
+            get_reasoning_parser(config.reasoning_parser)
+
+    @property
+    def context_length(self) -> int:
+        return self.config.context_length or self.engine.max_context_length
+
+    # ------------------------------------------------------------------ prompt
+
+    def build_prompt(self, session: Session, req: ChatRequest) -> tuple[list[int], Interaction]:
+        """Find the parent, build the prompt ids, return them with an unsaved interaction."""
+        context_key = tools_digest(req.tools, req.template_kwargs)
+        parent, covered, digests = find_parent(session, context_key, req.messages)
+        relation = "extend" if parent is not None else ("fork" if session.interactions else "root")
+        fork_reason = None if parent is not None or relation == "root" else "no_prefix_match"
+        prompt: list[int] | None = None
+        if parent is not None and session.mode == "token_exact":
+            try:
+                bridge = self.renderer.bridge_ids(
+                    leading_system=req.messages[0] if req.messages[0].role == "system" else None,
+                    parent_reply=parent.output_message,  # type: ignore[arg-type]
+                    parent_stop_text=self._stop_text(parent),
+                    new_messages=req.messages[covered:],
+                    tools=req.tools,
+                    template_kwargs=req.template_kwargs,
+                )
+                prompt = parent.prompt_ids + parent.output_ids + bridge
+            except (BridgeError, TemplateError) as exc:
+                log.warning("session %s: %s; starting a new root", session.id, exc)
+                parent, relation, fork_reason = None, "fork", "template_not_incremental"
+        if prompt is None:
+            try:
+                prompt = self.renderer.render_ids(req.messages, req.tools, req.template_kwargs)
+            except TemplateError as exc:
+                raise InvalidRequest(str(exc), param="messages") from exc
+        interaction = Interaction(
+            id="",
+            session_id=session.id,
+            api="",
+            messages=req.messages,
+            tools=req.tools,
+            prompt_ids=prompt,
+            parent_id=parent.id if parent is not None else None,
+            relation=relation,  # type: ignore[arg-type]
+            fork_reason=fork_reason,
+            context_key=context_key,
+            prefix_key=digests[-1] if digests else context_key,  # completed later with the reply
+        )
+        return prompt, interaction
+
+    def _stop_text(self, parent: Interaction) -> str | None:
+        if parent.stop_kind == "stop_token" and parent.output_ids and parent.output_ids[-1] in self.stop_token_ids:
+            return self.renderer.decode([parent.output_ids[-1]])
+        return None
+
+    # ------------------------------------------------------------------ prepare
+
+    def prepare(
+        self,
+        session: Session,
+        req: ChatRequest,
+        *,
+        api: str,
+        id_prefix: str,
+        call_id: Callable[[], str] = openai_call_id,
+    ) -> Prepared:
+        self.sessions.require_generating(session)
+        if not req.messages:
+            raise InvalidRequest("messages must contain at least one message", param="messages")
+        prompt, interaction = self.build_prompt(session, req)
+        ctx = self.context_length
+        if len(prompt) >= ctx:
+            raise ContextLengthExceeded(
+                f"the prompt is {len(prompt)} tokens; this model's context is {ctx} tokens",
+                param="messages",
+            )
+        max_new = ctx - len(prompt)
+        max_new = min(max_new, req.max_tokens if req.max_tokens is not None else self.config.default_max_tokens)
+        if self.config.max_tokens_cap is not None:
+            max_new = min(max_new, self.config.max_tokens_cap)
+        if req.max_total_tokens is not None:
+            max_new = min(max_new, req.max_total_tokens - len(prompt))
+            if max_new < 1:
+                raise ContextLengthExceeded(
+                    f"max_total_tokens={req.max_total_tokens} leaves no room after the "
+                    f"{len(prompt)}-token prompt",
+                    param="max_total_tokens",
+                )
+        try:
+            sampling = SamplingParams(
+                max_new_tokens=max_new,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=req.top_k,
+                stop_token_ids=self.stop_token_ids,
+                seed=req.seed,
+            )
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from exc
+        interaction_id = f"{id_prefix}{uuid.uuid4().hex}"
+        interaction.id = interaction_id
+        interaction.api = api
+        interaction.sampling = {
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "top_k": req.top_k,
+            "seed": req.seed,
+            "max_new_tokens": max_new,
+        }
+        return Prepared(session, req, interaction_id, api, prompt, sampling,
+                        interaction if req.store else None, call_id)
+
+    # ------------------------------------------------------------------ run
+
+    def _assembler(self, p: Prepared) -> OutputAssembler:
+        parse_tools = bool(p.request.tools) and p.request.tool_choice != "none" and self.config.tool_parser
+        return OutputAssembler(
+            self.tokenizer,
+            stop_token_ids=self.stop_token_ids,
+            stop_strings=p.request.stop,
+            tool_parser=get_tool_parser(self.config.tool_parser) if parse_tools else None,  # type: ignore[arg-type]
+            reasoning_parser=get_reasoning_parser(self.config.reasoning_parser) if self.config.reasoning_parser else None,
+            call_id=p.call_id,
+        )
+
+    async def run(self, p: Prepared) -> AsyncIterator[OutputEvent | Finished]:
+        """Generate; the interaction is registered when iteration starts (not in prepare),
+        so a response that is never sent leaves nothing pending behind."""
+        self.sessions.require_generating(p.session)
+        assembler = self._assembler(p)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        engine_finish: str | None = None
+        final: Finished | None = None
+        stream = self.engine.stream(
+            GenerateRequest(p.prompt_ids, p.sampling, request_id=p.interaction_id, session_id=p.session.id)
+        )
+        if p.interaction is not None:
+            self.sessions.add_interaction(p.session, p.interaction)
+        p.session.in_flight += 1
+        try:
+            async for delta in stream:
+                for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions, strict=True):
+                    ids.append(tok)
+                    logprobs.append(lp)
+                    versions.append(ver)
+                    for ev in assembler.push(tok):
+                        yield ev
+                    if assembler.stopped:
+                        break
+                if delta.finish_reason is not None:
+                    engine_finish = delta.finish_reason
+                if assembler.stopped:
+                    break
+            for ev in assembler.finish():
+                yield ev
+            final = self._record(p, assembler, ids, logprobs, versions, engine_finish)
+        except EngineError as exc:
+            self._fail(p, f"engine error: {exc.message}")
+            raise UpstreamError(exc.message, status=exc.status, code=exc.code) from exc
+        except ValueError as exc:  # zip(strict=True): an engine broke its own contract
+            self._fail(p, f"malformed engine output: {exc}")
+            raise UpstreamError(f"malformed engine output: {exc}") from exc
+        except Exception as exc:
+            self._fail(p, f"internal error: {exc!r}")
+            raise
+        finally:
+            await _close_quietly(stream)  # aborts the engine request if it is still running
+            if final is None and p.interaction is not None and p.interaction.status == "pending":
+                # The consumer went away (disconnect / cancellation): keep what was generated.
+                self._record(p, assembler, ids, logprobs, versions, "abort")
+            p.session.in_flight -= 1
+        yield final
+
+    def _fail(self, p: Prepared, error: str) -> None:
+        if p.interaction is not None and p.interaction.status == "pending":
+            self.sessions.fail_interaction(p.session, p.interaction, error)
+
+    def _record(
+        self,
+        p: Prepared,
+        assembler: OutputAssembler,
+        ids: list[int],
+        logprobs: list[float],
+        versions: list[int],
+        engine_finish: str | None,
+    ) -> Finished:
+        out = assembler.result
+        kept = assembler.kept_tokens
+        if out.stop_sequence is not None:
+            finish, stop_kind = "stop", "stop_string"
+        elif engine_finish == "stop":
+            finish, stop_kind = "stop", "stop_token"
+        elif engine_finish == "length":
+            finish, stop_kind = "length", "length"
+        else:
+            finish, stop_kind = "abort", "abort"
+        if finish == "stop" and out.tool_calls:
+            finish = "tool_calls"
+        message = out.to_message()
+        inter = p.interaction
+        if inter is not None and inter.status == "pending":
+            inter.output_ids = ids[:kept]
+            inter.output_logprobs = logprobs[:kept]
+            inter.output_versions = versions[:kept]
+            inter.finish_reason = finish
+            inter.stop_kind = stop_kind
+            inter.output_message = message
+            inter.prefix_key = extend_digest(inter.prefix_key, message)
+            self.sessions.complete_interaction(p.session, inter)
+        return Finished(
+            interaction_id=p.interaction_id,
+            content=out.content,
+            reasoning=out.reasoning,
+            tool_calls=list(out.tool_calls),
+            finish_reason=finish,
+            stop_kind=stop_kind,
+            stop_sequence=out.stop_sequence,
+            prompt_tokens=len(p.prompt_ids),
+            completion_tokens=kept,
+            message=message,
+        )
+
+    async def complete(self, p: Prepared) -> Finished:
+        """Run to the end and return only the final result (non-streaming surfaces)."""
+        final: Finished | None = None
+        async for ev in self.run(p):
+            if isinstance(ev, Finished):
+                final = ev
+        assert final is not None
+        return final
+
+
+async def _close_quietly(stream: Any) -> None:
+    try:
+        await asyncio.shield(stream.aclose())
+    except (Exception, asyncio.CancelledError):  # noqa: BLE001 - best effort abort
+        pass
+
+
+def now() -> int:
+    return int(time.time())

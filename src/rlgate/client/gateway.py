@@ -1,0 +1,150 @@
+"""Python client for the gateway's control routes.
+
+::
+
+    client = GatewayClient("http://127.0.0.1:8000", admin_key)
+    async with client.session("task-1") as s:
+        oai = AsyncOpenAI(base_url=s.base_url, api_key=s.api_key)
+        ...                                   # the agent talks to the gateway
+        await s.set_reward(1.0)               # rewards the last interaction
+    batch = await s.export(discount=0.9, style="concat")
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+
+class GatewayClientError(Exception):
+    def __init__(self, status: int, body: Any, route: str) -> None:
+        msg = body.get("error", {}).get("message") if isinstance(body, dict) else None
+        super().__init__(f"{route} -> HTTP {status}: {msg or body}")
+        self.status = status
+        self.body = body
+        self.route = route
+
+
+class SessionHandle:
+    """One RL episode: its id, its API key and the URLs the agent should use."""
+
+    def __init__(self, client: GatewayClient, session_id: str, api_key: str) -> None:
+        self._client = client
+        self.session_id = session_id
+        self.api_key = api_key
+        self.ended = False
+
+    @property
+    def base_url(self) -> str:
+        """For the OpenAI SDK (``.../v1``)."""
+        return self._client.base_url + "/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """For the Anthropic SDK (it appends ``/v1/messages`` itself)."""
+        return self._client.base_url
+
+    async def set_reward(self, reward: float, interaction_id: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"reward": reward}
+        if interaction_id is not None:
+            body["interaction_id"] = interaction_id
+        if self.ended:  # the session key no longer rewards an ended session; the admin key does
+            body["session_id"] = self.session_id
+            return await self._client._post("/rl/set_reward", body)
+        return await self._client._post("/rl/set_reward", body, key=self.api_key)
+
+    async def end(self) -> int:
+        if self.ended:
+            return -1
+        out = await self._client._post("/rl/end_session", {}, key=self.api_key)
+        self.ended = True
+        return int(out["interaction_count"])
+
+    async def export(
+        self, *, discount: float = 1.0, style: str = "individual", keep: bool = False, wait_timeout: float = 0.0
+    ) -> dict[str, Any]:
+        return await self._client.export(self.session_id, discount=discount, style=style, keep=keep,
+                                         wait_timeout=wait_timeout)
+
+
+class GatewayClient:
+    def __init__(
+        self, base_url: str, admin_key: str, *, timeout: float = 600.0, http_client: httpx.AsyncClient | None = None
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        if self.base_url.endswith("/v1"):
+            self.base_url = self.base_url[:-3]
+        self.admin_key = admin_key
+        self._own = http_client is None
+        self._http = http_client or httpx.AsyncClient(timeout=timeout)
+
+    async def _request(self, method: str, route: str, body: Any = None, *, key: str | None = None) -> Any:
+        headers = {"Authorization": f"Bearer {key or self.admin_key}"}
+        r = await self._http.request(method, self.base_url + route, json=body, headers=headers)
+        try:
+            data = r.json()
+        except ValueError:
+            data = r.text
+        if r.status_code >= 400:
+            raise GatewayClientError(r.status_code, data, route)
+        return data
+
+    async def _post(self, route: str, body: Any, *, key: str | None = None) -> Any:
+        return await self._request("POST", route, body, key=key)
+
+    async def health(self) -> dict[str, Any]:
+        return await self._request("GET", "/health")
+
+    async def metrics(self) -> dict[str, Any]:
+        return await self._request("GET", "/rl/metrics")
+
+    async def grant_capacity(self) -> int:
+        return int((await self._post("/grant_capacity", {}))["capacity"])
+
+    async def start_session(
+        self, task_id: str, *, api_key: str | None = None, mode: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> SessionHandle:
+        body: dict[str, Any] = {"task_id": task_id}
+        if api_key is not None:
+            body["api_key"] = api_key
+        if mode is not None:
+            body["mode"] = mode
+        if metadata is not None:
+            body["metadata"] = metadata
+        out = await self._post("/rl/start_session", body)
+        return SessionHandle(self, out["session_id"], out["api_key"])
+
+    @contextlib.asynccontextmanager
+    async def session(self, task_id: str, **kw: Any) -> AsyncIterator[SessionHandle]:
+        """Start a session; end it when the block exits (also on error)."""
+        s = await self.start_session(task_id, **kw)
+        try:
+            yield s
+        finally:
+            await s.end()
+
+    async def export(
+        self, session_id: str, *, discount: float = 1.0, style: str = "individual", keep: bool = False,
+        wait_timeout: float = 0.0,
+    ) -> dict[str, Any]:
+        return await self._post("/export_trajectories", {
+            "session_id": session_id, "discount": discount, "style": style, "keep": keep,
+            "wait_timeout": wait_timeout,
+        })
+
+    async def update_weights(self, path: str) -> int:
+        return int((await self._post("/rl/update_weights", {"path": str(path)}))["version"])
+
+    async def aclose(self) -> None:
+        if self._own:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> GatewayClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()

@@ -1,0 +1,28 @@
+"""Gateway configuration: every knob and limit, with its default, in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class GatewayConfig:
+    admin_key: str  # required for control routes; compared in constant time, never logged
+    capacity_mode: Literal["unlimited", "granted"] = "unlimited"  # granted: only /grant_capacity admits
+    trajectory_mode: Literal["token_exact", "rerender"] = "token_exact"  # default per session
+    tool_parser: str | None = "hermes"  # registry name; None disables tool-call parsing
+    reasoning_parser: str | None = None  # e.g. "think"; None leaves reasoning inside content
+    default_max_tokens: int = 512  # when a request sets no max tokens
+    max_tokens_cap: int | None = None  # hard cap on generated tokens per request (None: context only)
+    context_length: int | None = None  # None: the engine's max_context_length
+    stop_token_ids: list[int] | None = None  # None: tokenizer eos + generation_config eos
+    model_name: str = "rlgate"  # what /v1/models lists and responses echo when not given
+    session_idle_timeout: float = 3600.0  # seconds without a request before the sweeper ends a session
+    sweep_interval: float = 60.0  # how often the idle sweeper runs
+    max_sessions: int = 10_000  # open (active) sessions at once; more -> 429
+    max_interactions_per_session: int = 10_000  # more -> 429
+    max_body_bytes: int = 32 * 1024 * 1024  # larger request bodies -> 413
+    retain_exported: float = 0.0  # seconds to keep an exported session for audit (0: drop at export)
+    cors_origins: list[str] = field(default_factory=list)  # empty: no CORS headers at all
+    image_placeholder: str = "<image>"  # informational: what text-only templates render for an image

@@ -1,0 +1,287 @@
+"""Sessions, keys, capacity, rewards and export: the gateway's control state.
+
+All state lives in one :class:`SessionManager` instance owned by the app (no module
+globals). Every change is written through to the :class:`~rlgate.store.base.Store`.
+
+Keys: a session's API key is kept only as its SHA-256 digest. Looking a key up hashes
+it and indexes a dict by the digest, so the lookup's timing depends on the digest,
+not on how much of the secret matched. The admin key is compared with
+``hmac.compare_digest``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+import time
+from typing import Any
+
+from rlgate.api.errors import (
+    AuthenticationFailed,
+    Conflict,
+    Gone,
+    InvalidRequest,
+    NotFound,
+    RateLimited,
+)
+from rlgate.config import GatewayConfig
+from rlgate.store.base import Store
+from rlgate.trajectory.export import export_samples
+from rlgate.trajectory.interaction import Interaction, Session, TrajectoryMode
+from rlgate.trajectory.tree import register_completed
+
+log = logging.getLogger("rlgate.sessions")
+
+MIN_KEY_LENGTH = 32
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+class SessionManager:
+    def __init__(self, config: GatewayConfig, store: Store) -> None:
+        self.config = config
+        self.store = store
+        self.sessions: dict[str, Session] = {}
+        self._by_key: dict[str, str] = {}  # key digest -> session id
+        self.capacity = 0  # admissions left in "granted" capacity mode
+        self._admin_hash = hash_key(config.admin_key)
+        self.metrics: dict[str, int] = {
+            "sessions_started": 0,
+            "sessions_exported": 0,
+            "interactions_completed": 0,
+            "interactions_failed": 0,
+            "interactions_aborted": 0,
+            "sessions_swept": 0,
+        }
+        self.accepting = True  # False while shutting down: no new sessions
+
+    # ------------------------------------------------------------------ restart
+
+    def restore(self) -> None:
+        """Reload persisted sessions; sessions that were active become ``interrupted``."""
+        for s in self.store.load():
+            if s.status == "active":
+                s.status = "interrupted"
+                s.ended_at = time.time()
+                self.store.save_session(s)
+                log.warning("session %s was active at shutdown: marked interrupted", s.id)
+            for i in s.interactions.values():
+                if i.status == "pending":
+                    i.status = "failed"
+                    i.error = "gateway stopped during generation"
+                    self.store.save_interaction(i)
+                if i.completed:
+                    register_completed(s, i)
+            self.sessions[s.id] = s
+            if s.status == "ended":
+                self._by_key[s.key_hash] = s.id
+
+    # ------------------------------------------------------------------ capacity
+
+    def grant_capacity(self) -> int:
+        self.capacity += 1
+        return self.capacity
+
+    # ------------------------------------------------------------------ sessions
+
+    def _free_session_id(self, task_id: str) -> str:
+        k = 0
+        while f"{task_id}-{k}" in self.sessions:
+            k += 1
+        return f"{task_id}-{k}"
+
+    def open_sessions(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.status == "active")
+
+    def start_session(
+        self,
+        task_id: str,
+        api_key: str | None = None,
+        *,
+        mode: TrajectoryMode | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> tuple[Session, str]:
+        if not self.accepting:
+            raise RateLimited("the gateway is shutting down and admits no new sessions", status=503)
+        if self.open_sessions() >= self.config.max_sessions:
+            raise RateLimited(
+                f"too many open sessions (max_sessions={self.config.max_sessions}); end or export some first"
+            )
+        if api_key is not None:
+            if secrets.compare_digest(hash_key(api_key), self._admin_hash):
+                raise InvalidRequest("api_key must not be the admin key", param="api_key")
+            if len(api_key) < MIN_KEY_LENGTH:
+                raise InvalidRequest(
+                    f"api_key must be at least {MIN_KEY_LENGTH} characters", param="api_key"
+                )
+            owner = self._by_key.get(hash_key(api_key))
+            if owner is not None and owner in self.sessions and self.sessions[owner].status == "active":
+                raise Conflict("api_key belongs to an active session", param="api_key")
+        if self.config.capacity_mode == "granted":
+            if self.capacity <= 0:
+                raise RateLimited("no capacity: the trainer has not granted another session yet",
+                                  code="no_capacity")
+            self.capacity -= 1
+        key = api_key if api_key is not None else secrets.token_urlsafe(32)
+        digest = hash_key(key)
+        session = Session(
+            id=self._free_session_id(task_id),
+            task_id=task_id,
+            key_hash=digest,
+            mode=mode or self.config.trajectory_mode,
+            metadata=dict(metadata or {}),
+        )
+        self.sessions[session.id] = session
+        self._by_key[digest] = session.id  # drops the mapping of an ended session, if any
+        self.metrics["sessions_started"] += 1
+        self.store.save_session(session)
+        log.info("session %s started (task %s, mode %s)", session.id, task_id, session.mode)
+        return session, key
+
+    def is_admin(self, token: str) -> bool:
+        return secrets.compare_digest(hash_key(token), self._admin_hash)
+
+    def session_for_key(self, token: str) -> Session:
+        sid = self._by_key.get(hash_key(token))
+        session = self.sessions.get(sid) if sid is not None else None
+        if session is None:
+            raise AuthenticationFailed("invalid API key: not a session key of this gateway")
+        return session
+
+    def require_generating(self, session: Session) -> None:
+        """Raise unless the session may generate (and record) another interaction."""
+        if session.status == "ended":
+            raise Conflict(f"session {session.id} has ended; start a new session", code="session_ended")
+        if session.status == "interrupted":
+            raise Gone(f"session {session.id} was interrupted by a gateway restart; its key is retired",
+                       code="session_interrupted")
+        if len(session.interactions) >= self.config.max_interactions_per_session:
+            raise RateLimited(
+                f"session {session.id} reached max_interactions_per_session="
+                f"{self.config.max_interactions_per_session}",
+                code="too_many_interactions",
+            )
+
+    def end_session(self, session: Session) -> int:
+        if session.status == "active":
+            session.status = "ended"
+            session.ended_at = time.time()
+            self.store.save_session(session)
+            log.info("session %s ended with %d interactions", session.id, len(session.interactions))
+        return len(session.completed_interactions())
+
+    # ------------------------------------------------------------------ interactions
+
+    def add_interaction(self, session: Session, interaction: Interaction) -> None:
+        session.interactions[interaction.id] = interaction
+        session.touch()
+        self.store.save_interaction(interaction)
+
+    def complete_interaction(self, session: Session, interaction: Interaction) -> None:
+        interaction.status = "completed"
+        interaction.completed_at = time.time()
+        register_completed(session, interaction)
+        session.touch()
+        self.metrics["interactions_completed"] += 1
+        if interaction.finish_reason == "abort":
+            self.metrics["interactions_aborted"] += 1
+        self.store.save_interaction(interaction)
+
+    def fail_interaction(self, session: Session, interaction: Interaction, error: str) -> None:
+        interaction.status = "failed"
+        interaction.error = error
+        interaction.completed_at = time.time()
+        self.metrics["interactions_failed"] += 1
+        self.store.save_interaction(interaction)
+
+    # ------------------------------------------------------------------ rewards
+
+    def set_reward(self, session: Session, reward: float, interaction_id: str | None) -> Interaction:
+        if interaction_id is None:
+            target = session.last_completed()
+            if target is None:
+                raise InvalidRequest(f"session {session.id} has no completed interaction to reward")
+        else:
+            target = session.interactions.get(interaction_id)
+            if target is None:
+                raise InvalidRequest(f"interaction {interaction_id!r} is not in session {session.id}",
+                                     param="interaction_id")
+            if not target.completed:
+                raise InvalidRequest(f"interaction {interaction_id!r} did not complete ({target.status})",
+                                     param="interaction_id")
+        target.reward = float(reward)
+        self.store.save_interaction(target)
+        return target
+
+    # ------------------------------------------------------------------ export
+
+    async def export(
+        self,
+        session_id: str,
+        *,
+        style: str = "individual",
+        discount: float = 1.0,
+        keep: bool = False,
+        wait_timeout: float = 0.0,
+    ) -> dict[str, Any]:
+        session = self.sessions.get(session_id)
+        if session is None or session.exported_at is not None:
+            raise NotFound(f"session {session_id!r} not found (never started, or already exported)")
+        deadline = time.monotonic() + max(0.0, wait_timeout)
+        while session.status == "active" or session.in_flight:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                what = "is still active" if session.status == "active" else "has requests in flight"
+                raise Conflict(
+                    f"session {session_id} {what}; end it first or pass wait_timeout",
+                    code="session_active",
+                )
+            await asyncio.sleep(min(left, 0.02))
+        samples, stats = export_samples(list(session.interactions.values()), style=style, discount=discount)
+        response = {
+            "session_id": session.id,
+            "task_id": session.task_id,
+            "status": session.status,
+            "style": style,
+            "discount": discount,
+            "mode": session.mode,
+            "stats": stats,
+            "interactions": samples,
+        }
+        # The response is fully built: only now may the session go.
+        if not keep:
+            self._drop_after_export(session)
+        self.metrics["sessions_exported"] += 1
+        return response
+
+    def _drop_after_export(self, session: Session) -> None:
+        self._by_key.pop(session.key_hash, None)
+        if self.config.retain_exported > 0:
+            session.exported_at = time.time()
+            self.store.save_session(session)
+        else:
+            self.sessions.pop(session.id, None)
+            self.store.delete_session(session.id)
+        log.info("session %s exported", session.id)
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def sweep(self, now: float | None = None) -> list[str]:
+        """End active sessions idle for longer than the timeout; purge retained exports."""
+        now = time.time() if now is None else now
+        ended = []
+        for s in list(self.sessions.values()):
+            if s.status == "active" and not s.in_flight and now - s.last_active > self.config.session_idle_timeout:
+                self.end_session(s)
+                ended.append(s.id)
+                self.metrics["sessions_swept"] += 1
+                log.warning("session %s idle for %.0f s: ended by the sweeper (not deleted; still exportable)",
+                            s.id, now - s.last_active)
+            elif s.exported_at is not None and now - s.exported_at > self.config.retain_exported:
+                self.sessions.pop(s.id, None)
+                self.store.delete_session(s.id)
+        return ended

@@ -1,0 +1,252 @@
+"""Turning a session's interactions into training samples, batches and files.
+
+Sample (one dict per exported sequence, all token-aligned lists of length L)::
+
+    id             interaction id (concat: the leaf's id)
+    parent_id      interaction this one extends, or None
+    relation       "root" | "extend" | "fork"
+    chain          concat only: interaction ids root -> leaf
+    input_ids      prompt + output token ids
+    loss_mask      1 on tokens the model generated (any turn of the chain), else 0
+    logprobs       behaviour logprob on generated tokens, 0.0 elsewhere
+    versions       weight version that produced each generated token, -1 elsewhere
+    reward         discounted reward (see tree.py), None if never set
+    turn_rewards   concat only: discounted reward of each chain interaction
+    finish_reason  of the (leaf) interaction
+    messages       request messages (OpenAI chat form)
+    output_message the reply as the client received it (OpenAI chat form)
+
+See docs/trajectory-format.md for a worked example.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from rlgate.chat.conversation import message_to_openai
+from rlgate.trajectory.interaction import Interaction
+from rlgate.trajectory.tree import chain_of, children_map, discounted_rewards
+
+ExportStyle = Literal["individual", "concat"]
+
+
+def _base(i: Interaction) -> dict[str, Any]:
+    return {
+        "id": i.id,
+        "parent_id": i.parent_id,
+        "relation": i.relation,
+        "api": i.api,
+        "finish_reason": i.finish_reason,
+        "messages": [message_to_openai(m) for m in i.messages],
+        "output_message": message_to_openai(i.output_message) if i.output_message else None,
+        "sampling": dict(i.sampling),
+    }
+
+
+def individual_sample(i: Interaction, reward: float | None) -> dict[str, Any]:
+    p, o = len(i.prompt_ids), len(i.output_ids)
+    return {
+        **_base(i),
+        "input_ids": list(i.prompt_ids) + list(i.output_ids),
+        "loss_mask": [0] * p + [1] * o,
+        "logprobs": [0.0] * p + list(i.output_logprobs),
+        "versions": [-1] * p + list(i.output_versions),
+        "reward": reward,
+    }
+
+
+def concat_sample(chain: list[Interaction], rewards: dict[str, float | None]) -> tuple[dict[str, Any], int]:
+    """One sample for a root-to-leaf chain; returns it and how many turns were unaligned.
+
+    A turn is aligned when its prompt + output tokens are a prefix of the leaf's
+    sequence (always true in token_exact mode). Unaligned turns (re-rendered prompts
+    that re-tokenized an earlier reply differently) get no loss in this sample.
+    """
+    leaf = chain[-1]
+    ids = list(leaf.prompt_ids) + list(leaf.output_ids)
+    n = len(ids)
+    mask = [0] * n
+    lps = [0.0] * n
+    vers = [-1] * n
+    unaligned = 0
+    for turn in chain:
+        start = len(turn.prompt_ids)
+        end = start + len(turn.output_ids)
+        if turn is not leaf and (end > n or ids[:start] != turn.prompt_ids or ids[start:end] != turn.output_ids):
+            unaligned += 1
+            continue
+        mask[start:end] = [1] * (end - start)
+        lps[start:end] = turn.output_logprobs
+        vers[start:end] = turn.output_versions
+    sample = {
+        **_base(leaf),
+        "chain": [t.id for t in chain],
+        "input_ids": ids,
+        "loss_mask": mask,
+        "logprobs": lps,
+        "versions": vers,
+        "reward": rewards.get(leaf.id),
+        "turn_rewards": [rewards.get(t.id) for t in chain],
+    }
+    return sample, unaligned
+
+
+def export_samples(
+    interactions: Sequence[Interaction], *, style: ExportStyle = "individual", discount: float = 1.0
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Samples for the completed interactions of one session, plus counts.
+
+    Counts: ``completed``, ``failed``, ``pending``, ``root``, ``extend``, ``fork``
+    (over completed interactions) and ``unaligned_turns`` (concat only).
+    """
+    done = [i for i in interactions if i.completed]
+    stats = {
+        "completed": len(done),
+        "failed": sum(1 for i in interactions if i.status == "failed"),
+        "pending": sum(1 for i in interactions if i.status == "pending"),
+        "root": sum(1 for i in done if i.relation == "root"),
+        "extend": sum(1 for i in done if i.relation == "extend"),
+        "fork": sum(1 for i in done if i.relation == "fork"),
+    }
+    rewards = discounted_rewards(done, discount)
+    if style == "individual":
+        return [individual_sample(i, rewards[i.id]) for i in done], stats
+    if style != "concat":
+        raise ValueError(f"unknown export style {style!r}")
+    kids = children_map(done)
+    by_id = {i.id: i for i in done}
+    samples = []
+    unaligned = 0
+    for leaf in done:
+        if kids[leaf.id]:
+            continue
+        s, u = concat_sample(chain_of(leaf, by_id), rewards)
+        samples.append(s)
+        unaligned += u
+    stats["unaligned_turns"] = unaligned
+    return samples, stats
+
+
+# --------------------------------------------------------------------------- tensors
+
+_TOKEN_FIELDS = ("input_ids", "loss_mask", "logprobs", "versions")
+
+
+def to_padded_tensors(samples: Sequence[dict[str, Any]], *, pad_token_id: int = 0) -> dict[str, Any]:
+    """Right-padded torch tensors of shape [B, max_len] (+ ``rewards`` [B]).
+
+    ``attention_mask`` is 1 on real tokens; padding has loss_mask 0, logprobs 0.0,
+    versions -1. Unset rewards become NaN so they cannot be mistaken for 0.
+    """
+    import torch
+
+    if not samples:
+        raise ValueError("no samples")
+    max_len = max(len(s["input_ids"]) for s in samples)
+    bsz = len(samples)
+    out = {
+        "input_ids": torch.full((bsz, max_len), pad_token_id, dtype=torch.long),
+        "attention_mask": torch.zeros((bsz, max_len), dtype=torch.bool),
+        "loss_mask": torch.zeros((bsz, max_len), dtype=torch.bool),
+        "logprobs": torch.zeros((bsz, max_len), dtype=torch.float32),
+        "versions": torch.full((bsz, max_len), -1, dtype=torch.long),
+    }
+    for b, s in enumerate(samples):
+        n = len(s["input_ids"])
+        out["input_ids"][b, :n] = torch.tensor(s["input_ids"], dtype=torch.long)
+        out["attention_mask"][b, :n] = True
+        out["loss_mask"][b, :n] = torch.tensor(s["loss_mask"], dtype=torch.bool)
+        out["logprobs"][b, :n] = torch.tensor(s["logprobs"], dtype=torch.float32)
+        out["versions"][b, :n] = torch.tensor(s["versions"], dtype=torch.long)
+    out["rewards"] = torch.tensor(
+        [float("nan") if s.get("reward") is None else float(s["reward"]) for s in samples], dtype=torch.float32
+    )
+    return out
+
+
+def to_packed_tensors(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """All samples concatenated into one row (varlen / flash-attention layout).
+
+    Returns 1-D ``input_ids``, ``loss_mask``, ``logprobs``, ``versions`` of length
+    sum(L_i), ``position_ids`` restarting at 0 for each sample, ``cu_seqlens``
+    (int32, [B+1], cumulative lengths), ``max_seqlen`` and ``rewards`` [B].
+    """
+    import torch
+
+    if not samples:
+        raise ValueError("no samples")
+    lens = [len(s["input_ids"]) for s in samples]
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    return {
+        "input_ids": torch.tensor([t for s in samples for t in s["input_ids"]], dtype=torch.long),
+        "loss_mask": torch.tensor([t for s in samples for t in s["loss_mask"]], dtype=torch.bool),
+        "logprobs": torch.tensor([t for s in samples for t in s["logprobs"]], dtype=torch.float32),
+        "versions": torch.tensor([t for s in samples for t in s["versions"]], dtype=torch.long),
+        "position_ids": torch.cat([torch.arange(n, dtype=torch.long) for n in lens]),
+        "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
+        "max_seqlen": max(lens),
+        "rewards": torch.tensor(
+            [float("nan") if s.get("reward") is None else float(s["reward"]) for s in samples], dtype=torch.float32
+        ),
+    }
+
+
+# --------------------------------------------------------------------------- files
+
+_JSON_FIELDS = ("messages", "output_message", "sampling")
+
+
+def write_jsonl(samples: Iterable[dict[str, Any]], path: str | Path) -> Path:
+    path = Path(path)
+    with path.open("w", encoding="utf-8") as f:
+        for s in samples:
+            f.write(json.dumps(s, ensure_ascii=False) + "\n")
+    return path
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    with Path(path).open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_parquet(samples: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Parquet with typed token columns; nested message fields are stored as JSON text.
+
+    Readable with ``datasets.load_dataset("parquet", data_files=path)`` and pandas.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = []
+    for s in samples:
+        row = {k: v for k, v in s.items() if k not in _JSON_FIELDS}
+        for k in _JSON_FIELDS:
+            if k in s:
+                row[k] = json.dumps(s[k], ensure_ascii=False)
+        rows.append(row)
+    schema_fields = [
+        pa.field("id", pa.string()),
+        pa.field("input_ids", pa.list_(pa.int32())),
+        pa.field("loss_mask", pa.list_(pa.int8())),
+        pa.field("logprobs", pa.list_(pa.float32())),
+        pa.field("versions", pa.list_(pa.int32())),
+        pa.field("reward", pa.float64()),
+    ]
+    known = {f.name for f in schema_fields}
+    table = pa.Table.from_pylist(rows)
+    # Cast the token columns to compact types; keep everything else as inferred.
+    cols = []
+    for f in table.schema:
+        if f.name in known:
+            target = next(sf for sf in schema_fields if sf.name == f.name)
+            cols.append(table[f.name].cast(target.type))
+        else:
+            cols.append(table[f.name])
+    table = pa.Table.from_arrays(cols, names=table.schema.names)
+    pq.write_table(table, path)
+    return Path(path)

@@ -1,0 +1,103 @@
+"""The conversation tree of a session: parent detection and tree-aware reward discount.
+
+Parent detection
+----------------
+A new request extends an earlier interaction P when ``P.messages + [P's reply]`` is a
+prefix of the new request's messages (canonical forms, see
+:mod:`rlgate.chat.conversation`) and P was rendered with the same tools and template
+arguments. Among all such P the longest wins; ties go to the most recently completed.
+Lookups use a rolling digest of the message list, so finding the parent costs
+O(number of messages) hash operations and one dict lookup per prefix length.
+
+Discount
+--------
+Each rewarded interaction passes its reward up to every ancestor, multiplied by γ per
+step; an interaction's discounted reward is its own reward plus everything its
+descendants passed up (``None`` if neither it nor any descendant has a reward). On a
+single chain this is the original's backward recursion ``c = c·γ + r``:
+rewards [None, None, 10] with γ = 0.9 give [8.1, 9, 10]. Stored rewards are never
+modified; every export computes the discount afresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from rlgate.chat.conversation import Message, message_digest, prefix_digests
+from rlgate.trajectory.interaction import Interaction, Session
+
+
+def extend_digest(prev: str, msg: Message) -> str:
+    return hashlib.sha256((prev + message_digest(msg)).encode()).hexdigest()
+
+
+def find_parent(session: Session, context_key: str, messages: list[Message]) -> tuple[Interaction | None, int, list[str]]:
+    """Return ``(parent, n_covered, digests)``.
+
+    ``n_covered`` is how many leading request messages the parent covers (its request
+    messages plus its reply); ``digests[k]`` identifies ``messages[:k+1]`` and is kept by
+    the caller to compute the new interaction's own key.
+    """
+    digests = prefix_digests(context_key, messages)
+    for k in range(len(digests) - 1, -1, -1):
+        ids = session.prefix_index.get(digests[k])
+        if not ids:
+            continue
+        candidates = [session.interactions[i] for i in ids if i in session.interactions]
+        candidates = [c for c in candidates if c.completed]
+        if candidates:
+            best = max(candidates, key=lambda c: c.completed_at or 0.0)
+            return best, k + 1, digests
+    return None, 0, digests
+
+
+def register_completed(session: Session, interaction: Interaction) -> None:
+    """Make a completed interaction findable as a parent."""
+    if interaction.prefix_key:
+        session.prefix_index.setdefault(interaction.prefix_key, []).append(interaction.id)
+
+
+def children_map(interactions: list[Interaction]) -> dict[str, list[Interaction]]:
+    ids = {i.id for i in interactions}
+    out: dict[str, list[Interaction]] = {i.id: [] for i in interactions}
+    for i in interactions:
+        if i.parent_id is not None and i.parent_id in ids:
+            out[i.parent_id].append(i)
+    return out
+
+
+def discounted_rewards(interactions: list[Interaction], gamma: float) -> dict[str, float | None]:
+    """Tree-aware discount over completed interactions (see module docstring)."""
+    kids = children_map(interactions)
+    memo: dict[str, float | None] = {}
+
+    def value(i: Interaction) -> float | None:
+        if i.id in memo:
+            return memo[i.id]
+        total = i.reward
+        for c in kids[i.id]:
+            v = value(c)
+            if v is not None:
+                total = (total or 0.0) + gamma * v
+        memo[i.id] = total
+        return total
+
+    # Iterative-safe order: leaves first (creation order reversed is children-first,
+    # because a child is always created after its parent).
+    for i in reversed(interactions):
+        value(i)
+    return memo
+
+
+def chain_of(leaf: Interaction, by_id: dict[str, Interaction]) -> list[Interaction]:
+    """Root-to-leaf path ending at ``leaf``."""
+    chain = [leaf]
+    seen = {leaf.id}
+    while chain[-1].parent_id is not None and chain[-1].parent_id in by_id:
+        p = by_id[chain[-1].parent_id]
+        if p.id in seen:  # defensive: a cycle would be a bug
+            break
+        seen.add(p.id)
+        chain.append(p)
+    chain.reverse()
+    return chain

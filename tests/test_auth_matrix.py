@@ -1,0 +1,119 @@
+"""Every route of the app × {no key, wrong key, session key, admin key}.
+
+The test walks the app's route table: a route that is not classified below fails the
+suite, so a route added later without deciding its auth cannot slip through.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.routing import APIRoute
+from helpers import ADMIN_KEY, key_headers, start_session
+
+PUBLIC = "public"  # no key needed
+ADMIN = "admin"  # admin key only (others: 401 without key, 403 with a wrong one)
+SESSION = "session"  # a session key only (others: 401)
+SESSION_OR_ADMIN = "session_or_admin"  # either key
+ANY_KEY = "any_key"  # any valid key (session or admin)
+
+# path -> (auth class, minimal valid JSON body or None)
+CHAT_BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+ROUTES: dict[tuple[str, str], tuple[str, dict | None]] = {
+    ("GET", "/health"): (PUBLIC, None),
+    ("GET", "/openapi.json"): (PUBLIC, None),
+    ("GET", "/docs"): (PUBLIC, None),
+    ("GET", "/docs/oauth2-redirect"): (PUBLIC, None),
+    ("GET", "/redoc"): (PUBLIC, None),
+    ("POST", "/grant_capacity"): (ADMIN, {}),
+    ("POST", "/rl/start_session"): (ADMIN, {"task_id": "x"}),
+    ("POST", "/rl/end_session"): (SESSION, {}),
+    ("POST", "/rl/set_reward"): (SESSION_OR_ADMIN, {"reward": 1.0}),
+    ("POST", "/export_trajectories"): (ADMIN, {"session_id": "nobody-0"}),
+    ("POST", "/rl/update_weights"): (ADMIN, {"path": "/nonexistent"}),
+    ("GET", "/rl/metrics"): (ADMIN, None),
+    ("GET", "/v1/models"): (ANY_KEY, None),
+    ("GET", "/models"): (ANY_KEY, None),
+    ("POST", "/chat/completions"): (SESSION, CHAT_BODY),
+    ("POST", "/v1/chat/completions"): (SESSION, CHAT_BODY),
+    ("POST", "/responses"): (SESSION, {"input": "hi", "max_output_tokens": 2}),
+    ("POST", "/v1/responses"): (SESSION, {"input": "hi", "max_output_tokens": 2}),
+    ("POST", "/v1/messages"): (SESSION, {"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
+    ("POST", "/v1/messages/count_tokens"): (SESSION, {"messages": [{"role": "user", "content": "hi"}]}),
+}
+
+
+def app_routes(app) -> list[tuple[str, str]]:
+    out = []
+    for r in app.routes:
+        methods = getattr(r, "methods", None) or set()
+        for m in sorted(methods - {"HEAD", "OPTIONS"}):
+            out.append((m, r.path))
+    return out
+
+
+def test_every_route_is_classified(make_app):
+    app = make_app()
+    unclassified = [r for r in app_routes(app) if r not in ROUTES]
+    assert not unclassified, f"routes without an auth decision in this test: {unclassified}"
+    assert any(isinstance(r, APIRoute) for r in app.routes)
+
+
+def _expect(auth: str, who: str) -> set[int] | None:
+    """Allowed statuses: a set to match, or None meaning 'not an auth failure'."""
+    if auth == PUBLIC:
+        return None
+    if who == "none":
+        return {401}
+    if auth == ADMIN:
+        return None if who == "admin" else {403}
+    if auth == SESSION:
+        return None if who == "session" else {401}
+    if auth in (SESSION_OR_ADMIN, ANY_KEY):
+        return None if who in ("session", "admin") else {401}
+    raise AssertionError(auth)
+
+
+@pytest.mark.parametrize("who", ["none", "wrong", "session", "admin"])
+async def test_auth_matrix(make_app, asgi_client, who):
+    app = make_app()
+    async with asgi_client(app) as c:
+        _, session_key = await start_session(c, "auth")
+        # one completed interaction so that session-key reward calls can succeed
+        r = await c.post("/v1/chat/completions", json=CHAT_BODY, headers=key_headers(session_key))
+        assert r.status_code == 200
+        headers = {
+            "none": {},
+            "wrong": key_headers("not-a-key-" + "x" * 30),
+            "session": key_headers(session_key),
+            "admin": key_headers(ADMIN_KEY),
+        }[who]
+        for method, path in app_routes(app):
+            auth, body = ROUTES[(method, path)]
+            if path == "/rl/end_session":
+                continue  # checked last: it would end the session used by the other routes
+            r = await c.request(method, path, json=body, headers=headers)
+            expected = _expect(auth, who)
+            if expected is None:
+                assert r.status_code not in (401, 403), (method, path, who, r.status_code, r.text)
+                assert r.status_code < 500, (method, path, who, r.status_code, r.text)
+            else:
+                assert r.status_code in expected, (method, path, who, r.status_code, r.text)
+                if path.startswith("/v1/messages"):
+                    assert r.json()["type"] == "error" and "type" in r.json()["error"]
+                else:
+                    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+        r = await c.post("/rl/end_session", headers=headers)
+        assert r.status_code == (200 if who == "session" else 401)
+
+
+async def test_x_api_key_and_bearer_scheme_case(make_app, asgi_client):
+    async with asgi_client(make_app()) as c:
+        r = await c.post("/grant_capacity", headers={"x-api-key": ADMIN_KEY})
+        assert r.status_code == 200
+        r = await c.post("/grant_capacity", headers={"Authorization": f"bearer {ADMIN_KEY}"})
+        assert r.status_code == 200
+        r = await c.post("/grant_capacity", headers={"Authorization": f"Basic {ADMIN_KEY}"})
+        assert r.status_code == 401
+        _, key = await start_session(c)
+        r = await c.post("/v1/chat/completions", json=CHAT_BODY, headers={"x-api-key": key})
+        assert r.status_code == 200

@@ -1,0 +1,77 @@
+"""The output assembler: token ids -> client text, identical however tokens arrive."""
+
+from __future__ import annotations
+
+from rlgate.chat.output import ContentDelta, OutputAssembler, ReasoningDelta, ToolCallDelta
+from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser
+
+
+def assemble(tokenizer, ids, **kw):
+    a = OutputAssembler(tokenizer, **kw)
+    events = []
+    for t in ids:
+        events += a.push(t)
+        if a.stopped:
+            break
+    events += a.finish()
+    return a, events
+
+
+def test_multibyte_characters_are_never_split(tokenizer):
+    text = "héllo wörld — ✓ 你好"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    a, events = assemble(tokenizer, ids)
+    assert a.result.content == text
+    assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == text
+    assert all("\ufffd" not in e.text for e in events)
+
+
+def test_stop_token_hidden_but_counted(tokenizer, stop_ids):
+    ids = tokenizer.encode("done", add_special_tokens=False) + [stop_ids[0]]
+    a, _ = assemble(tokenizer, ids, stop_token_ids=stop_ids)
+    assert a.result.content == "done" and a.kept_tokens == len(ids)
+
+
+def test_stop_string_truncates_text_and_tokens(tokenizer):
+    ids = tokenizer.encode("alpha beta gamma delta", add_special_tokens=False)
+    a, events = assemble(tokenizer, ids, stop_strings=["gamma", "zzz"])
+    assert a.result.content == "alpha beta" and a.result.stop_sequence == "gamma"
+    kept = tokenizer.decode(ids[: a.kept_tokens])
+    assert kept.endswith("gamma") and "delta" not in kept
+    assert "".join(e.text for e in events) == "alpha beta"
+
+
+def test_stop_string_spanning_tokens_never_leaks(tokenizer):
+    ids = tokenizer.encode("one two END three", add_special_tokens=False)
+    _, events = assemble(tokenizer, ids, stop_strings=["END"])
+    streamed = "".join(e.text for e in events if isinstance(e, ContentDelta))
+    assert streamed == "one two" and "E" not in streamed
+
+
+def test_tool_markup_never_streams_and_matches_non_streaming(tokenizer, stop_ids):
+    text = 'Calling.\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+    ids = tokenizer.encode(text, add_special_tokens=False) + [stop_ids[0]]
+    a, events = assemble(tokenizer, ids, stop_token_ids=stop_ids, tool_parser=get_tool_parser("hermes"),
+                         call_id=lambda: "call_1")
+    streamed = "".join(e.text for e in events if isinstance(e, ContentDelta))
+    assert streamed == a.result.content == "Calling."
+    (tc,) = [e for e in events if isinstance(e, ToolCallDelta)]
+    assert (tc.index, tc.id, tc.name, tc.arguments) == (0, "call_1", "add", '{"a": 1}')
+    assert "<tool_call>" not in streamed
+
+
+def test_reasoning_split_and_trim(tokenizer):
+    text = "<think>\nfirst add\n</think>\n\nThe answer is 4."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    a, events = assemble(tokenizer, ids, reasoning_parser=get_reasoning_parser("think"),
+                         tool_parser=get_tool_parser("hermes"))
+    assert a.result.reasoning == "first add" and a.result.content == "The answer is 4."
+    assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == "first add"
+
+
+def test_tool_call_inside_reasoning_is_not_parsed(tokenizer):
+    text = '<think><tool_call>{"name": "f", "arguments": {}}</tool_call></think>ok'
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    a, _ = assemble(tokenizer, ids, reasoning_parser=get_reasoning_parser("think"),
+                    tool_parser=get_tool_parser("hermes"))
+    assert a.result.tool_calls == [] and a.result.content == "ok"

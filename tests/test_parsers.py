@@ -1,0 +1,112 @@
+"""Tool-call and reasoning parsers: results, failures, and independence from chunking."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from rlgate.chat.parsers import (
+    ContentText,
+    ParsedToolCall,
+    ReasoningText,
+    get_reasoning_parser,
+    get_tool_parser,
+    reasoning_parser_names,
+    tool_parser_names,
+)
+
+
+def run(parser, text: str, splits: list[int] | None = None):
+    pieces = [text] if splits is None else [text[a:b] for a, b in zip([0] + splits, splits + [len(text)])]
+    events = []
+    for p in pieces:
+        events += parser.feed(p)
+    events += parser.finish()
+    return merge(events)
+
+
+def merge(events):
+    """Merge adjacent text events of the same kind (chunking changes only their boundaries)."""
+    out = []
+    for e in events:
+        if out and type(e) is type(out[-1]) and isinstance(e, (ContentText, ReasoningText)):
+            out[-1] = type(e)(out[-1].text + e.text)
+        elif not (isinstance(e, (ContentText, ReasoningText)) and not e.text):
+            out.append(e)
+    return out
+
+
+def all_chunkings(text: str, n_random: int = 20):
+    yield None
+    yield list(range(1, len(text)))  # one character at a time
+    rng = random.Random(0)
+    for _ in range(n_random):
+        k = rng.randint(1, max(1, len(text) // 3))
+        yield sorted(rng.sample(range(1, len(text)), min(k, len(text) - 1)))
+
+
+def test_registry():
+    assert {"hermes", "qwen", "llama3_json"} <= set(tool_parser_names())
+    assert "think" in reasoning_parser_names()
+    with pytest.raises(ValueError, match="unknown tool parser"):
+        get_tool_parser("nope")
+
+
+HERMES_CASES = [
+    ("plain text", "Hello world", [ContentText("Hello world")]),
+    ("one call", 'Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>',
+     [ContentText("Sure.\n"), ParsedToolCall("add", '{"a": 1}')]),
+    ("two calls", '<tool_call>{"name": "f", "arguments": {}}</tool_call>\n<tool_call>{"name": "g", '
+     '"arguments": "{\\"x\\": 2}"}</tool_call>',
+     [ParsedToolCall("f", "{}"), ContentText("\n"), ParsedToolCall("g", '{"x": 2}')]),
+    ("bad json", '<tool_call>{"name": "f", "arguments": {</tool_call> tail',
+     [ContentText('<tool_call>{"name": "f", "arguments": {</tool_call> tail')]),
+    ("no name", '<tool_call>{"arguments": {}}</tool_call>', [ContentText('<tool_call>{"arguments": {}}</tool_call>')]),
+    ("unclosed", 'x <tool_call>{"name": "f", "arguments": {}}', [ContentText('x <tool_call>{"name": "f", "arguments": {}}')]),
+    ("partial marker at end", "text <tool_ca", [ContentText("text <tool_ca")]),
+]
+
+
+@pytest.mark.parametrize("name,text,expected", HERMES_CASES, ids=[c[0] for c in HERMES_CASES])
+def test_hermes(name, text, expected):
+    for splits in all_chunkings(text):
+        assert run(get_tool_parser("hermes"), text, splits) == expected, splits
+
+
+LLAMA_CASES = [
+    ("text", "The answer is 4.", [ContentText("The answer is 4.")]),
+    ("call", '{"name": "add", "parameters": {"a": 1}}', [ParsedToolCall("add", '{"a": 1}')]),
+    ("python tag, two calls", '<|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", "arguments": {"y": 1}}',
+     [ParsedToolCall("f", "{}"), ParsedToolCall("g", '{"y": 1}')]),
+    ("broken json", '{"name": "f", "parameters": {', [ContentText('{"name": "f", "parameters": {')]),
+    ("json but not a call", '{"x": 1}', [ContentText('{"x": 1}')]),
+]
+
+
+@pytest.mark.parametrize("name,text,expected", LLAMA_CASES, ids=[c[0] for c in LLAMA_CASES])
+def test_llama3_json(name, text, expected):
+    for splits in all_chunkings(text):
+        assert run(get_tool_parser("llama3_json"), text, splits) == expected, splits
+
+
+THINK_CASES = [
+    ("no reasoning", "Just an answer", [ContentText("Just an answer")]),
+    ("reasoning then answer", "<think>\nadd them\n</think>\n\nIt is 4.",
+     [ReasoningText("\nadd them\n"), ContentText("\n\nIt is 4.")]),
+    ("unclosed", "<think>still thinking", [ReasoningText("still thinking")]),
+    ("think not at start", "Answer <think>x</think>", [ContentText("Answer <think>x</think>")]),
+    ("leading blank", "  <think>r</think>a", [ReasoningText("r"), ContentText("a")]),
+]
+
+
+@pytest.mark.parametrize("name,text,expected", THINK_CASES, ids=[c[0] for c in THINK_CASES])
+def test_think(name, text, expected):
+    for splits in all_chunkings(text):
+        assert run(get_reasoning_parser("think"), text, splits) == expected, splits
+
+
+def test_arguments_are_normalised_json():
+    (call,) = run(get_tool_parser("hermes"), '<tool_call>{"name":"f","arguments":{"k":[1,2],"s":"é"}}</tool_call>')
+    assert json.loads(call.arguments) == {"k": [1, 2], "s": "é"}
