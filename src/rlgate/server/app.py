@@ -142,11 +142,14 @@ def create_app(
     _install_error_handlers(app)
     _install_control_routes(app)
 
-    from rlgate.api.openai_chat.protocol import ChatCompletionRequest
-    from rlgate.api.openai_chat.router import router as chat_router
+    from rlgate.api.anthropic import router as anthropic
+    from rlgate.api.openai_chat import router as chat
+    from rlgate.api.openai_responses import router as responses
 
-    app.include_router(chat_router)
-    body_models: list[type[BaseModel]] = [ChatCompletionRequest]
+    body_models: list[type[BaseModel]] = []
+    for surface in (chat, responses, anthropic):
+        app.include_router(surface.router)
+        body_models += surface.BODY_MODELS
     install_openapi(app, body_models)
 
     if config.cors_origins:

@@ -12,6 +12,7 @@ from rlgate.server.auth import session_from_request
 from rlgate.server.openapi import body_schema
 
 router = APIRouter()
+BODY_MODELS = [ChatCompletionRequest]  # documented in the OpenAPI schema
 
 
 @router.post("/chat/completions", openapi_extra=body_schema(ChatCompletionRequest), tags=["openai"])

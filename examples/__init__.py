@@ -1,0 +1,1 @@
+"""Example agents written only against public SDKs (installed as ``rlgate_examples``)."""
