@@ -40,14 +40,11 @@ def find_parent(session: Session, context_key: str, messages: list[Message]) -> 
     """
     digests = prefix_digests(context_key, messages)
     for k in range(len(digests) - 1, -1, -1):
-        ids = session.prefix_index.get(digests[k])
-        if not ids:
-            continue
-        candidates = [session.interactions[i] for i in ids if i in session.interactions]
-        candidates = [c for c in candidates if c.completed]
-        if candidates:
-            best = max(candidates, key=lambda c: c.completed_at or 0.0)
-            return best, k + 1, digests
+        # ids are appended in completion order: the last live one is the most recent.
+        for iid in reversed(session.prefix_index.get(digests[k], ())):
+            cand = session.interactions.get(iid)
+            if cand is not None and cand.completed:
+                return cand, k + 1, digests
     return None, 0, digests
 
 
