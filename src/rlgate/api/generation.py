@@ -31,7 +31,8 @@ from rlgate.config import GatewayConfig
 from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
 from rlgate.server.sessions import SessionManager
 from rlgate.trajectory.interaction import Interaction, Session
-from rlgate.trajectory.tree import extend_digest, find_parent
+from rlgate.chat.conversation import DigestChain
+from rlgate.trajectory.tree import find_parent
 
 log = logging.getLogger("rlgate.generation")
 
@@ -66,6 +67,7 @@ class Prepared:
     sampling: SamplingParams
     interaction: Interaction | None  # None when store=False
     call_id: Callable[[], str]
+    chain: DigestChain  # digest of the request messages; + reply = the interaction's prefix key
 
 
 @dataclass
@@ -112,10 +114,11 @@ class GenerationService:
 
     # ------------------------------------------------------------------ prompt
 
-    def build_prompt(self, session: Session, req: ChatRequest) -> tuple[list[int], Interaction]:
-        """Find the parent, build the prompt ids, return them with an unsaved interaction."""
+    def build_prompt(self, session: Session, req: ChatRequest) -> tuple[list[int], Interaction, DigestChain]:
+        """Find the parent, build the prompt ids; return them with an unsaved interaction and
+        the digest chain of the request's messages (extended with the reply on completion)."""
         context_key = tools_digest(req.tools, req.template_kwargs)
-        parent, covered, digests = find_parent(session, context_key, req.messages)
+        parent, covered, chain = find_parent(session, context_key, req.messages)
         relation = "extend" if parent is not None else ("fork" if session.interactions else "root")
         fork_reason = None if parent is not None or relation == "root" else "no_prefix_match"
         prompt: list[int] | None = None
@@ -128,6 +131,7 @@ class GenerationService:
                     new_messages=req.messages[covered:],
                     tools=req.tools,
                     template_kwargs=req.template_kwargs,
+                    cache_key=context_key,
                 )
                 prompt = parent.prompt_ids + parent.output_ids + bridge
             except (BridgeError, TemplateError) as exc:
@@ -149,9 +153,8 @@ class GenerationService:
             relation=relation,  # type: ignore[arg-type]
             fork_reason=fork_reason,
             context_key=context_key,
-            prefix_key=digests[-1] if digests else context_key,  # completed later with the reply
         )
-        return prompt, interaction
+        return prompt, interaction, chain
 
     def _stop_text(self, parent: Interaction) -> str | None:
         if parent.stop_kind == "stop_token" and parent.output_ids and parent.output_ids[-1] in self.stop_token_ids:
@@ -172,7 +175,7 @@ class GenerationService:
         self.sessions.require_generating(session)
         if not req.messages:
             raise InvalidRequest("messages must contain at least one message", param="messages")
-        prompt, interaction = self.build_prompt(session, req)
+        prompt, interaction, chain = self.build_prompt(session, req)
         ctx = self.context_length
         if len(prompt) >= ctx:
             raise ContextLengthExceeded(
@@ -213,7 +216,7 @@ class GenerationService:
             "max_new_tokens": max_new,
         }
         return Prepared(session, req, interaction_id, api, prompt, sampling,
-                        interaction if req.store else None, call_id)
+                        interaction if req.store else None, call_id, chain)
 
     # ------------------------------------------------------------------ run
 
@@ -312,7 +315,7 @@ class GenerationService:
             inter.finish_reason = finish
             inter.stop_kind = stop_kind
             inter.output_message = message
-            inter.prefix_key = extend_digest(inter.prefix_key, message)
+            inter.prefix_key = p.chain.copy().add(message).hexdigest()
             self.sessions.complete_interaction(p.session, inter)
         return Finished(
             interaction_id=p.interaction_id,

@@ -25,6 +25,7 @@ Images are compared by a hash of their data or URL.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -142,24 +143,92 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def _plain_text(msg: Message) -> str | None:
+    """The message's text if its content is text only, else None."""
+    c = msg.content
+    if not c:
+        return ""
+    if len(c) == 1 and type(c[0]) is TextPart:
+        return c[0].text
+    if all(type(p) is TextPart for p in c):
+        return "".join(p.text for p in c)  # type: ignore[union-attr]
+    return None
+
+
+@functools.lru_cache(maxsize=65536)
+def _canonical_arguments(raw: str) -> str:
+    try:
+        return canonical_json(json.loads(raw)) if raw.strip() else "{}"
+    except (json.JSONDecodeError, ValueError):
+        return json.dumps(raw)
+
+
+def _message_bytes(msg: Message, text: str | None) -> bytes:
+    """Canonical bytes of a message (same equivalence as :func:`canonical_message`)."""
+    if text is None:  # images: the generic canonical form
+        return b"j" + canonical_json(canonical_message(msg)).encode("utf-8", "surrogatepass")
+    if msg.role == "assistant":
+        text = text.strip()
+    out = [b"t", msg.role.encode(), b"\x1f", text.encode("utf-8", "surrogatepass")]
+    for tc in msg.tool_calls:
+        out += [b"\x1e", tc.name.encode("utf-8", "surrogatepass"), b"\x1f",
+                _canonical_arguments(tc.arguments).encode("utf-8", "surrogatepass")]
+    if msg.role == "tool" and msg.is_error:
+        out.append(b"\x1eE")
+    return b"".join(out)
+
+
+class DigestChain:
+    """A rolling digest over a context key and a sequence of canonical messages.
+
+    ``add(m)`` feeds one message; ``hexdigest()`` identifies everything fed so far and
+    does not end the chain (hashlib digests leave the state usable). Every request
+    re-sends its whole history, so this runs once per message per request: with a
+    ``memo`` (one per session) a message seen before costs a dict lookup instead of
+    hashing its content again (~0.5 µs instead of ~2 µs).
+    """
+
+    __slots__ = ("_h", "_memo")
+
+    def __init__(self, context: str = "", memo: dict[Any, bytes] | None = None) -> None:
+        self._h = hashlib.blake2b(context.encode(), digest_size=16)
+        self._memo = memo
+
+    def add(self, msg: Message) -> DigestChain:
+        text = _plain_text(msg)
+        key = None
+        if self._memo is not None and text is not None:
+            key = (msg.role, text, msg.is_error, tuple((tc.name, tc.arguments) for tc in msg.tool_calls))
+            digest = self._memo.get(key)
+            if digest is not None:
+                self._h.update(digest)
+                return self
+        digest = hashlib.blake2b(_message_bytes(msg, text), digest_size=16).digest()
+        if key is not None:
+            if len(self._memo) >= 200_000:  # type: ignore[arg-type]
+                self._memo.clear()  # type: ignore[union-attr]
+            self._memo[key] = digest  # type: ignore[index]
+        self._h.update(digest)
+        return self
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+    def copy(self) -> DigestChain:
+        out = DigestChain.__new__(DigestChain)
+        out._h = self._h.copy()
+        out._memo = self._memo
+        return out
+
+
 def message_digest(msg: Message) -> str:
-    return hashlib.sha256(canonical_json(canonical_message(msg)).encode()).hexdigest()
+    return DigestChain().add(msg).hexdigest()
 
 
 def tools_digest(tools: list[ToolSpec], template_kwargs: dict[str, Any] | None = None) -> str:
     """Digest of everything besides the messages that changes the rendering."""
     payload = [[t.name, t.description, t.parameters] for t in tools], template_kwargs or {}
-    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
-
-
-def prefix_digests(context: str, messages: list[Message]) -> list[str]:
-    """``out[k]`` identifies ``(context, messages[:k+1])``: a rolling hash chain."""
-    out: list[str] = []
-    h = context
-    for m in messages:
-        h = hashlib.sha256((h + message_digest(m)).encode()).hexdigest()
-        out.append(h)
-    return out
+    return hashlib.blake2b(canonical_json(payload).encode(), digest_size=16).hexdigest()
 
 
 # --------------------------------------------------------------------------- export form

@@ -126,8 +126,10 @@ class ChatRenderer:
         """Fresh rendering of the whole conversation, ending with the generation prompt."""
         return self.encode(self.render_text(messages, tools, template_kwargs=template_kwargs))
 
-    def assistant_suffix(self, tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None) -> str:
-        key = canonical_json([[t.to_openai() for t in tools or []], template_kwargs or {}])
+    def assistant_suffix(
+        self, tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None, cache_key: str | None = None
+    ) -> str:
+        key = cache_key or canonical_json([[t.to_openai() for t in tools or []], template_kwargs or {}])
         if key not in self._suffix_cache:
             text = self.render_text(
                 [_PLACEHOLDER_USER, Message.of("assistant", _SENTINEL)],
@@ -149,13 +151,15 @@ class ChatRenderer:
         new_messages: list[Message],
         tools: list[ToolSpec] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        cache_key: str | None = None,
     ) -> list[int]:
         """Tokens that follow a parent's generated tokens (see module docstring).
 
         ``parent_stop_text`` is the text of the stop token the parent's output ended
-        with, or None if it ended on length / abort / a stop string.
+        with, or None if it ended on length / abort / a stop string. ``cache_key``
+        identifies ``(tools, template_kwargs)`` for memoising the assistant suffix.
         """
-        suffix = self.assistant_suffix(tools, template_kwargs)
+        suffix = self.assistant_suffix(tools, template_kwargs, cache_key)
         glue = suffix
         if parent_stop_text and suffix.startswith(parent_stop_text):
             glue = suffix[len(parent_stop_text):]

@@ -30,7 +30,7 @@ from rlgate.config import GatewayConfig
 from rlgate.store.base import Store
 from rlgate.trajectory.export import export_samples
 from rlgate.trajectory.interaction import Interaction, Session, TrajectoryMode
-from rlgate.trajectory.tree import register_completed
+from rlgate.trajectory.tree import interaction_key, register_completed
 
 log = logging.getLogger("rlgate.sessions")
 
@@ -75,6 +75,7 @@ class SessionManager:
                     i.error = "gateway stopped during generation"
                     self.store.save_interaction(i)
                 if i.completed:
+                    i.prefix_key = i.prefix_key or interaction_key(i)
                     register_completed(s, i)
             self.sessions[s.id] = s
             if s.status == "ended":

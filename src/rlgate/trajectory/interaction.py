@@ -68,6 +68,8 @@ class Session:
     metadata: dict[str, Any] = field(default_factory=dict)
     # prefix_key -> ids of completed interactions with that key (children look them up)
     prefix_index: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    covered_lengths: set[int] = field(default_factory=set, repr=False)  # len(messages)+1 of those keys
+    digest_memo: dict[Any, bytes] = field(default_factory=dict, repr=False)  # message -> digest cache
     in_flight: int = 0  # requests being generated right now
 
     def completed_interactions(self) -> list[Interaction]:

@@ -21,37 +21,51 @@ modified; every export computes the discount afresh.
 
 from __future__ import annotations
 
-import hashlib
-
-from rlgate.chat.conversation import Message, message_digest, prefix_digests
+from rlgate.chat.conversation import DigestChain, Message
 from rlgate.trajectory.interaction import Interaction, Session
 
 
-def extend_digest(prev: str, msg: Message) -> str:
-    return hashlib.sha256((prev + message_digest(msg)).encode()).hexdigest()
-
-
-def find_parent(session: Session, context_key: str, messages: list[Message]) -> tuple[Interaction | None, int, list[str]]:
-    """Return ``(parent, n_covered, digests)``.
+def find_parent(
+    session: Session, context_key: str, messages: list[Message]
+) -> tuple[Interaction | None, int, DigestChain]:
+    """Return ``(parent, n_covered, chain)``.
 
     ``n_covered`` is how many leading request messages the parent covers (its request
-    messages plus its reply); ``digests[k]`` identifies ``messages[:k+1]`` and is kept by
-    the caller to compute the new interaction's own key.
+    messages plus its reply); ``chain`` is the digest chain over all request messages,
+    which the caller extends with the reply to key the new interaction. Digests are only
+    finalised at prefix lengths some completed interaction of the session covers.
     """
-    digests = prefix_digests(context_key, messages)
-    for k in range(len(digests) - 1, -1, -1):
+    chain = DigestChain(context_key, session.digest_memo)
+    lengths = session.covered_lengths
+    candidates: list[tuple[int, str]] = []
+    for k, m in enumerate(messages, start=1):
+        chain.add(m)
+        if k in lengths:
+            candidates.append((k, chain.hexdigest()))
+    for k, key in reversed(candidates):
         # ids are appended in completion order: the last live one is the most recent.
-        for iid in reversed(session.prefix_index.get(digests[k], ())):
+        for iid in reversed(session.prefix_index.get(key, ())):
             cand = session.interactions.get(iid)
             if cand is not None and cand.completed:
-                return cand, k + 1, digests
-    return None, 0, digests
+                return cand, k, chain
+    return None, 0, chain
+
+
+def interaction_key(interaction: Interaction) -> str:
+    """Key under which children find this interaction: its context, messages and reply."""
+    chain = DigestChain(interaction.context_key)
+    for m in interaction.messages:
+        chain.add(m)
+    if interaction.output_message is not None:
+        chain.add(interaction.output_message)
+    return chain.hexdigest()
 
 
 def register_completed(session: Session, interaction: Interaction) -> None:
     """Make a completed interaction findable as a parent."""
     if interaction.prefix_key:
         session.prefix_index.setdefault(interaction.prefix_key, []).append(interaction.id)
+        session.covered_lengths.add(len(interaction.messages) + 1)
 
 
 def children_map(interactions: list[Interaction]) -> dict[str, list[Interaction]]:
