@@ -8,6 +8,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# `rlgate serve` subprocesses keep nothing on disk unless a test passes --store
+os.environ.setdefault("RLGATE_STORE", ":memory:")
 
 from pathlib import Path
 
@@ -39,19 +41,34 @@ def stop_ids(tokenizer, tiny_model_dir) -> list[int]:
 
 
 @pytest.fixture
-def make_app(tokenizer, stop_ids):
+def engine_kind() -> str:
+    """Where make_app()'s engine runs: "local" (in the gateway), or "sglang" / "vllm" (behind a fake
+    server of that kind, driven by the remote engine; see remote_helpers.py). Parametrise it to rerun
+    a test against the remote engines."""
+    return "local"
+
+
+@pytest.fixture
+def make_app(tokenizer, stop_ids, engine_kind, tiny_model_dir):
     """``make_app(engine=None, **config_overrides) -> app`` (fake engine by default)."""
+    import contextlib
+
     from rlgate.config import GatewayConfig
     from rlgate.engine.fake import FakeEngine
     from rlgate.server.app import create_app
     from rlgate.store.base import MemoryStore
 
-    def _make(engine=None, store=None, **overrides):
-        engine = engine if engine is not None else FakeEngine(tokenizer)
-        config = GatewayConfig(admin_key=ADMIN_KEY, **overrides)
-        return create_app(config, engine, store or MemoryStore(), tokenizer, stop_token_ids=stop_ids)
+    with contextlib.ExitStack() as backends:
+        def _make(engine=None, store=None, **overrides):
+            engine = engine if engine is not None else FakeEngine(tokenizer)
+            if engine_kind != "local":
+                from remote_helpers import serve_remotely
 
-    return _make
+                engine = serve_remotely(backends, engine_kind, engine, tokenizer, tiny_model_dir)
+            config = GatewayConfig(admin_key=ADMIN_KEY, **overrides)
+            return create_app(config, engine, store or MemoryStore(), tokenizer, stop_token_ids=stop_ids)
+
+        yield _make
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import anthropic
 import pytest
 from anthropic import AsyncAnthropic
 from helpers import ADMIN_KEY
+from remote_helpers import KINDS
 
 from rlgate.client import GatewayClient
 from rlgate.engine.base import EngineError, TokenDelta
@@ -168,6 +169,7 @@ async def test_sdk_sees_typed_errors(make_app, serve, tokenizer):
         assert mid.value.body == {"type": "error", "error": {"type": "api_error", "message": "backend exploded"}}
 
 
+@pytest.mark.parametrize("engine_kind", KINDS)
 async def test_local_engine_streamed_and_plain_record_the_same_tokens(make_app, serve, tiny_model_dir):
     from rlgate.engine.local import LocalEngine
 
@@ -192,6 +194,7 @@ async def test_local_engine_streamed_and_plain_record_the_same_tokens(make_app, 
     assert all(math.isfinite(x) and x <= 0 for x in a["logprobs"][n_prompt:])
 
 
+@pytest.mark.parametrize("engine_kind", KINDS)
 async def test_math_agents_against_the_local_engine(make_app, serve, tiny_model_dir):
     from rlgate.engine.local import LocalEngine
     from rlgate_examples.math_agent import MathAgent, OpenAIMathAgent, extract_last_number

@@ -9,6 +9,7 @@ import httpx
 import pytest
 from helpers import ADMIN_KEY
 from openai import AsyncOpenAI
+from remote_helpers import KINDS
 
 from rlgate.client import GatewayClient
 from rlgate.engine.fake import FakeEngine
@@ -52,6 +53,7 @@ async def test_raw_sse_chunk_invariants(make_app, tokenizer, include_usage):
     assert len(calls) == 1 and json.loads(calls[0]["function"]["arguments"]) == {"a": 2, "b": 3}
 
 
+@pytest.mark.parametrize("engine_kind", KINDS)
 async def test_sdk_stream_reassembles_tool_call_deltas(make_app, tokenizer):
     engine = FakeEngine(tokenizer, script=[CALL, "The sum is 5."], token_delay=0.001)
     with ServerThread(make_app(engine)) as url:
@@ -89,6 +91,7 @@ async def test_sdk_stream_reassembles_tool_call_deltas(make_app, tokenizer):
     assert [i["relation"] for i in exp["interactions"]] == ["root", "extend"]
 
 
+@pytest.mark.parametrize("engine_kind", KINDS)
 async def test_disconnect_mid_stream_keeps_an_aborted_interaction(make_app, tokenizer):
     engine = FakeEngine(tokenizer, output_tokens=400, token_delay=0.01)
     with ServerThread(make_app(engine)) as url:
@@ -117,6 +120,7 @@ async def test_disconnect_mid_stream_keeps_an_aborted_interaction(make_app, toke
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("engine_kind", KINDS)
 async def test_stream_and_non_stream_record_the_same_trajectory(make_app, tiny_model_dir):
     from rlgate.engine.local import LocalEngine
 

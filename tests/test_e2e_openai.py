@@ -14,6 +14,8 @@ import httpx
 import pytest
 from helpers import ADMIN_KEY
 from openai import AsyncOpenAI
+from remote_helpers import KINDS, start_fake_backend
+from remote_helpers import stop as stop_process
 
 from rlgate.client import GatewayClient
 
@@ -42,14 +44,19 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> No
     raise TimeoutError("server did not become healthy")
 
 
-@pytest.fixture(scope="module")
-def served(tiny_model_dir):
-    """``rlgate serve`` as a subprocess with the local engine on the tiny model."""
+@pytest.fixture(scope="module", params=KINDS)
+def served(request, tiny_model_dir):
+    """``rlgate serve`` as a subprocess on the tiny model: its local engine, or the SGLang / vLLM engine
+    driving a fake server of that kind (itself a subprocess running the local engine)."""
+    backend, extra = None, []
+    if request.param != "local":
+        backend_url, backend = start_fake_backend(request.param, tiny_model_dir)
+        extra = ["--backend-url", backend_url]
     port = free_port()
     env = {**os.environ, "RLGATE_ADMIN_KEY": ADMIN_KEY}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir), "--engine", "local",
-         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir), "--engine", request.param,
+         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -59,6 +66,8 @@ def served(tiny_model_dir):
     finally:
         proc.terminate()
         proc.wait(30)
+        if backend is not None:
+            stop_process(backend)
 
 
 def _generated(sample):

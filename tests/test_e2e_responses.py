@@ -10,6 +10,7 @@ import openai
 import pytest
 from helpers import admin_headers, key_headers, start_session
 from openai import AsyncOpenAI
+from remote_helpers import KINDS
 
 from rlgate.engine.fake import FakeEngine
 from rlgate.server.runner import ServerThread
@@ -118,6 +119,7 @@ async def test_sdk_bad_requests(make_app):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("engine_kind", KINDS)
 async def test_local_engine_streamed_and_non_streamed_record_the_same(make_app, tiny_model_dir):
     from rlgate.engine.local import LocalEngine
 

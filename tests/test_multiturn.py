@@ -6,8 +6,16 @@ import json
 
 import pytest
 from helpers import ADMIN_KEY, admin_headers, key_headers, start_session
+from remote_helpers import KINDS
 
 from rlgate.engine.fake import FakeEngine, Scripted
+
+
+@pytest.fixture(params=KINDS)
+def engine_kind(request):
+    """Every test here runs with the engine in the gateway and behind fake SGLang / vLLM servers."""
+    return request.param
+
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]

@@ -28,6 +28,9 @@ def _offline_env() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars are not ours to print
 
 
 # --------------------------------------------------------------------------- serve
@@ -36,7 +39,9 @@ def _offline_env() -> None:
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="Hugging Face checkpoint directory (tokenizer + weights; "
                    "with --engine fake/sglang/vllm only the tokenizer is needed)")
-    p.add_argument("--engine", choices=["local", "fake"], default="local")
+    p.add_argument("--engine", choices=["local", "fake", "sglang", "vllm"], default="local",
+                   help="local: PyTorch in this process; fake: scripted; sglang / vllm: drive inference servers "
+                   "(--backend-url)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--admin-key", default=None, help="admin key (default: $RLGATE_ADMIN_KEY, else generated)")
@@ -50,15 +55,38 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens-cap", type=int, default=None)
     p.add_argument("--model-name", default=None, help="name listed by /v1/models (default: directory name)")
     p.add_argument("--fake-output-tokens", type=int, default=16, help="--engine fake: tokens per reply")
+    p.add_argument("--fake-token-delay", type=float, default=0.0, help="--engine fake: seconds between tokens")
     p.add_argument("--device", default=None, help="--engine local: torch device (default cuda if available)")
     p.add_argument("--max-batch-size", type=int, default=64, help="--engine local: concurrent sequences")
+    from rlgate.engine.remote_config import add_remote_args
+
+    add_remote_args(p)
+    p.add_argument("--store", default=os.environ.get("RLGATE_STORE"),
+                   help="SQLite file for sessions and trajectories, or ':memory:' (keep nothing) "
+                   "(default: $RLGATE_STORE, else DATA_DIR/rlgate.sqlite)")
+    p.add_argument("--data-dir", default=None,
+                   help="server data directory (default: $RLGATE_DATA_DIR, else $XDG_DATA_HOME/rlgate, "
+                   "else ~/.local/share/rlgate)")
+    p.add_argument("--store-sync", choices=["full", "normal"], default="full",
+                   help="full: fsync every commit (survives power loss); normal: survives a gateway crash only")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="SIGTERM: seconds requests in flight get to finish")
     p.add_argument("--session-idle-timeout", type=float, default=3600.0)
+    p.add_argument("--sweep-interval", type=float, default=60.0, help="seconds between idle-session sweeps")
     p.add_argument("--max-sessions", type=int, default=10_000)
+    p.add_argument("--max-stored-sessions", type=int, default=100_000)
     p.add_argument("--max-interactions-per-session", type=int, default=10_000)
+    p.add_argument("--max-concurrent-requests-per-session", type=int, default=64)
+    p.add_argument("--max-messages-per-request", type=int, default=10_000)
+    p.add_argument("--max-tools", type=int, default=512)
+    p.add_argument("--max-stop-sequences", type=int, default=16)
     p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
     p.add_argument("--retain-exported", type=float, default=0.0)
     p.add_argument("--cors-origin", action="append", default=[], help="allow this CORS origin (repeatable)")
-    p.add_argument("--log-level", default="info")
+    # no "trace": uvicorn logs raw request headers (keys) at that level
+    p.add_argument("--log-level", default="info", type=str.lower,
+                   choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--access-log", action="store_true", help="log one line per request (never keys)")
 
 
 def resolve_admin_key(args: argparse.Namespace) -> tuple[str, bool]:
@@ -78,7 +106,7 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     from rlgate.config import GatewayConfig
     from rlgate.model import context_length, load_tokenizer, stop_token_ids
     from rlgate.server.app import create_app
-    from rlgate.store.base import MemoryStore
+    from rlgate.store import StoreError, open_store
 
     tokenizer = load_tokenizer(args.model)
     config = GatewayConfig(
@@ -92,24 +120,44 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         context_length=args.context_length,
         model_name=args.model_name or Path(args.model).resolve().name,
         session_idle_timeout=args.session_idle_timeout,
+        sweep_interval=args.sweep_interval,
         max_sessions=args.max_sessions,
+        max_stored_sessions=args.max_stored_sessions,
         max_interactions_per_session=args.max_interactions_per_session,
+        max_concurrent_requests_per_session=args.max_concurrent_requests_per_session,
+        max_messages_per_request=args.max_messages_per_request,
+        max_tools=args.max_tools,
+        max_stop_sequences=args.max_stop_sequences,
         max_body_bytes=args.max_body_bytes,
         retain_exported=args.retain_exported,
+        shutdown_timeout=args.shutdown_timeout,
         cors_origins=list(args.cors_origin),
     )
     engine: Any
     if args.engine == "fake":
         from rlgate.engine.fake import FakeEngine
 
-        engine = FakeEngine(tokenizer, output_tokens=args.fake_output_tokens,
+        engine = FakeEngine(tokenizer, output_tokens=args.fake_output_tokens, token_delay=args.fake_token_delay,
                             max_context_length=args.context_length or context_length(args.model) or 32768)
+    elif args.engine in ("sglang", "vllm"):  # only the tokenizer is loaded in this process
+        from rlgate.engine.remote_config import remote_engine_from_args
+
+        engine = remote_engine_from_args(args, fallback_context=args.context_length or context_length(args.model))
     else:
         from rlgate.engine.local import LocalEngine
 
         engine = LocalEngine(args.model, device=args.device, max_batch_size=args.max_batch_size,
                              max_context_length=args.context_length)
-    return create_app(config, engine, MemoryStore(), tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model))
+    try:
+        store = open_store(args.store, data_dir=args.data_dir, synchronous=args.store_sync)
+    except StoreError as exc:
+        raise SystemExit(f"rlgate: {exc}") from exc
+    logging.getLogger("rlgate").info("store: %s", getattr(store, "path", ":memory: (nothing is persisted)"))
+    try:
+        return create_app(config, engine, store, tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model))
+    except BaseException:
+        store.close()
+        raise
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -128,11 +176,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else:
             print(f"rlgate: generated admin key (shown once): {admin_key}", flush=True)
     app = build_app(args, admin_key)
-    import uvicorn
+    from rlgate.server.serve import serve
 
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False,
-                timeout_graceful_shutdown=30)
-    return 0
+    return serve(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log,
+                 shutdown_timeout=args.shutdown_timeout)
 
 
 # --------------------------------------------------------------------------- tiny-model
@@ -152,9 +199,21 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     _offline_env()
-    from rlgate.demo.scripted import run_scripted_demo
+    if args.scripted:
+        from rlgate.demo.scripted import run_scripted_demo
 
-    return run_scripted_demo(Path(args.out), seed=args.seed)
+        return run_scripted_demo(Path(args.out), seed=args.seed)
+    from rlgate.demo.rl import run_demo
+
+    return run_demo(Path(args.out), task=args.task, seed=args.seed, steps=args.steps)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    _offline_env()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from rlgate.train.run import run_training
+
+    return run_training(args.config, args.set)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,10 +229,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_tiny_model)
 
-    p = sub.add_parser("demo", help="run the offline demo")
-    p.add_argument("--out", default="demo-out")
+    p = sub.add_parser("demo", help="run the offline RL demo (GRPO through the gateway, on CPU)")
+    p.add_argument("--out", default="demo-out", help="output directory (caches the model and warm start)")
+    p.add_argument("--task", choices=["math", "tools"], default="math")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the task's tuned value)")
+    p.add_argument("--scripted", action="store_true", help="only a short scripted session, no training")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("train", help="GRPO on any Hugging Face checkpoint (see rlgate.train.run)")
+    p.add_argument("--config", required=True, help="YAML file with a TrainConfig")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set grpo.lr=1e-5 (repeatable)")
+    p.set_defaults(func=cmd_train)
 
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

@@ -21,8 +21,14 @@ class GatewayConfig:
     session_idle_timeout: float = 3600.0  # seconds without a request before the sweeper ends a session
     sweep_interval: float = 60.0  # how often the idle sweeper runs
     max_sessions: int = 10_000  # open (active) sessions at once; more -> 429
+    max_stored_sessions: int = 100_000  # sessions held in any state (active, ended, interrupted); more -> 429
     max_interactions_per_session: int = 10_000  # more -> 429
-    max_body_bytes: int = 32 * 1024 * 1024  # larger request bodies -> 413
+    max_concurrent_requests_per_session: int = 64  # generations in flight for one session key; more -> 429
+    max_messages_per_request: int = 10_000  # messages in one generation request; more -> 400
+    max_tools: int = 512  # tools offered in one request; more -> 400
+    max_stop_sequences: int = 16  # stop strings in one request; more -> 400
+    max_body_bytes: int = 32 * 1024 * 1024  # larger request bodies -> 413 (chunked bodies too)
     retain_exported: float = 0.0  # seconds to keep an exported session for audit (0: drop at export)
+    shutdown_timeout: float = 30.0  # SIGTERM: seconds in-flight requests get to finish before being aborted
     cors_origins: list[str] = field(default_factory=list)  # empty: no CORS headers at all
     image_placeholder: str = "<image>"  # informational: what text-only templates render for an image

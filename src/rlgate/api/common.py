@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -26,9 +28,49 @@ async def read_json(request: Request) -> Any:
         )
     raw = await request.body()
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
         raise InvalidRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except RecursionError as exc:
+        raise InvalidRequest("the request body is nested too deeply", code="invalid_json") from exc
+    if _MAYBE_SURROGATE.search(raw) and _has_lone_surrogate(data):
+        raise InvalidRequest("the request body contains an unpaired UTF-16 surrogate (e.g. \\ud800); "
+                             "strings must be valid Unicode", code="invalid_unicode")
+    return data
+
+
+# json.loads accepts "\ud800" escapes (and, in bytes, UTF-8-encoded surrogates) that pair with
+# nothing; such strings cannot be tokenized, stored or sent back. A cheap scan of the raw body
+# decides whether the parsed value needs the full check.
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")  # json.loads would accept NaN / Infinity
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:32]} is out of range")
+    return value
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 def _loc(err: dict[str, Any]) -> str:
@@ -91,9 +133,22 @@ def sse(data: Any, event: str | None = None) -> bytes:
     return f"{head}data: {payload}\n\n".encode()
 
 
+MAX_REPORTED_PARAMS = 32  # names in the header / log line; the rest is counted
+
+
+def _param_name(name: str) -> str:
+    """A client-chosen field name made safe for a header and a log line (ASCII, no control chars)."""
+    if name.isascii() and name.isprintable() and "," not in name:
+        return name[:64]
+    return json.dumps(name)[1:-1].replace(",", "\\u002c")[:64]
+
+
 def report_ignored(surface: str, names: list[str]) -> dict[str, str]:
     """Log parameters rlgate accepted but does not act on; return a response header for them."""
     if not names:
         return {}
-    log.warning("%s: ignoring unsupported parameters: %s", surface, ", ".join(names))
-    return {"x-rlgate-ignored-params": ",".join(names)}
+    shown = [_param_name(n) for n in names[:MAX_REPORTED_PARAMS]]
+    if len(names) > MAX_REPORTED_PARAMS:
+        shown.append(f"...(+{len(names) - MAX_REPORTED_PARAMS})")
+    log.warning("%s: ignoring unsupported parameters: %s", surface, ", ".join(shown))
+    return {"x-rlgate-ignored-params": ",".join(shown)}

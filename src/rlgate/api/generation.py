@@ -22,14 +22,16 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgate.api.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
+from rlgate.api.errors import ContextLengthExceeded, InvalidRequest, Unavailable, UpstreamError
 from rlgate.chat.conversation import Message, ToolSpec, tools_digest
 from rlgate.chat.output import OutputAssembler, OutputEvent, openai_call_id
 from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser
 from rlgate.chat.render import BridgeError, ChatRenderer, TemplateError
 from rlgate.config import GatewayConfig
 from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
+from rlgate.server.limits import check_request_limits
 from rlgate.server.sessions import SessionManager
+from rlgate.store.base import StoreError
 from rlgate.trajectory.interaction import Interaction, Session
 from rlgate.chat.conversation import DigestChain
 from rlgate.trajectory.tree import find_parent
@@ -117,6 +119,7 @@ class GenerationService:
     def build_prompt(self, session: Session, req: ChatRequest) -> tuple[list[int], Interaction, DigestChain]:
         """Find the parent, build the prompt ids; return them with an unsaved interaction and
         the digest chain of the request's messages (extended with the reply on completion)."""
+        check_request_limits(self.config, req)
         context_key = tools_digest(req.tools, req.template_kwargs)
         parent, covered, chain = find_parent(session, context_key, req.messages)
         relation = "extend" if parent is not None else ("fork" if session.interactions else "root")
@@ -279,6 +282,10 @@ class GenerationService:
                 # The consumer went away (disconnect / cancellation): keep what was generated.
                 self._record(p, assembler, ids, logprobs, versions, "abort")
             p.session.in_flight -= 1
+        try:  # the final event (finish reason, usage) is sent only once the interaction is on disk
+            await self.sessions.store.wait_durable()
+        except StoreError as exc:
+            raise Unavailable(str(exc), code="store_unavailable") from exc
         yield final
 
     def _fail(self, p: Prepared, error: str) -> None:

@@ -101,8 +101,9 @@ class GatewayClient:
     async def metrics(self) -> dict[str, Any]:
         return await self._request("GET", "/rl/metrics")
 
-    async def grant_capacity(self) -> int:
-        return int((await self._post("/grant_capacity", {}))["capacity"])
+    async def grant_capacity(self, count: int = 1) -> int:
+        """Admit ``count`` more sessions (gateway in ``granted`` capacity mode)."""
+        return int((await self._post("/grant_capacity", {"count": count}))["capacity"])
 
     async def start_session(
         self, task_id: str, *, api_key: str | None = None, mode: str | None = None,

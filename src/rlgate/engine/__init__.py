@@ -1,7 +1,7 @@
 """rlgate.engine: the engine contract and the engines that implement it.
 
-``import rlgate.engine`` stays light (no torch); :class:`LocalEngine` is imported on first
-access.
+``import rlgate.engine`` stays light (no torch); :class:`LocalEngine` and the remote engines
+(:class:`SGLangEngine`, :class:`VLLMEngine`) are imported on first access.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from rlgate.engine.base import (
 
 if TYPE_CHECKING:
     from rlgate.engine.local import LocalEngine
+    from rlgate.engine.sglang import SGLangEngine
+    from rlgate.engine.vllm import VLLMEngine
 
 
 def __getattr__(name: str) -> Any:
@@ -30,6 +32,14 @@ def __getattr__(name: str) -> Any:
         from rlgate.engine.local import LocalEngine
 
         return LocalEngine
+    if name == "SGLangEngine":
+        from rlgate.engine.sglang import SGLangEngine
+
+        return SGLangEngine
+    if name == "VLLMEngine":
+        from rlgate.engine.vllm import VLLMEngine
+
+        return VLLMEngine
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -40,9 +50,11 @@ __all__ = [
     "GenerateRequest",
     "GenerateResult",
     "LocalEngine",
+    "SGLangEngine",
     "SamplingParams",
     "StreamingEngineMixin",
     "TokenDelta",
+    "VLLMEngine",
     "WeightUpdateError",
     "collect",
 ]

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlgate.api.common import validation_message
@@ -42,6 +42,7 @@ from rlgate.api.errors import (
     InvalidRequest,
     NotFound,
     PermissionDenied,
+    Unavailable,
     error_body,
     from_status,
     surface_of,
@@ -50,10 +51,11 @@ from rlgate.api.generation import GenerationService
 from rlgate.config import GatewayConfig
 from rlgate.engine.base import Engine, EngineError
 from rlgate.server.auth import is_admin_request, require_admin, session_from_request
+from rlgate.server.durability import DurabilityMiddleware
 from rlgate.server.limits import BodyLimitMiddleware
 from rlgate.server.openapi import install_openapi
 from rlgate.server.sessions import SessionManager
-from rlgate.store.base import Store
+from rlgate.store.base import Store, StoreError
 
 log = logging.getLogger("rlgate.server")
 
@@ -72,6 +74,10 @@ class Gateway:
 
 
 # --------------------------------------------------------------------------- bodies
+
+
+class GrantCapacityRequest(BaseModel):
+    count: int = Field(default=1, ge=1, le=1_000_000)
 
 
 class StartSessionRequest(BaseModel):
@@ -129,12 +135,17 @@ def create_app(
         try:
             yield
         finally:
+            # Shutdown order: no new sessions; stop the sweeper; close the engine (aborts what is
+            # still generating, which records those interactions); then flush and close the store.
             sessions.accepting = False
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
-            await engine.close()
-            store.close()
+            try:
+                await engine.close()
+            finally:
+                await asyncio.to_thread(store.close)
+                log.info("gateway stopped: store flushed and closed")
 
     app = FastAPI(title="rlgate", version="0.1.0", lifespan=lifespan,
                   description="RL gateway: OpenAI / Anthropic APIs served token-in/token-out by the training policy.")
@@ -152,6 +163,7 @@ def create_app(
         body_models += surface.BODY_MODELS
     install_openapi(app, body_models)
 
+    app.add_middleware(DurabilityMiddleware, store=store)
     if config.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -197,6 +209,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         status = 400 if _is_api_route(request.url.path) else 422
         return _error_response(request, InvalidRequest(msg, param=loc or None, status=status))
 
+    @app.exception_handler(StoreError)
+    async def store_error(request: Request, exc: StoreError) -> JSONResponse:
+        log.error("store error on %s %s: %s", request.method, request.url.path, exc)
+        return _error_response(request, Unavailable(str(exc), code="store_unavailable"))
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _error_response(request, from_status(exc.status_code, str(exc.detail)), headers=exc.headers)
@@ -217,8 +234,16 @@ def _install_control_routes(app: FastAPI) -> None:
 
     @app.post("/grant_capacity", tags=["control"])
     async def grant_capacity(request: Request) -> dict[str, int]:
+        """Admit one more session (the original), or ``{"count": n}`` more (rlgate extension)."""
         require_admin(request)
-        return {"capacity": gw(request).sessions.grant_capacity()}
+        raw = await request.body()
+        count = 1
+        if raw.strip():
+            try:
+                count = GrantCapacityRequest.model_validate_json(raw).count
+            except ValidationError as exc:
+                raise InvalidRequest(validation_message(exc)[0], status=422) from exc
+        return {"capacity": gw(request).sessions.grant_capacity(count)}
 
     @app.post("/rl/start_session", tags=["control"])
     async def start_session(request: Request, body: StartSessionRequest) -> dict[str, str]:
@@ -282,12 +307,18 @@ def _install_control_routes(app: FastAPI) -> None:
             "sessions": len(g.sessions.sessions),
             "capacity": g.sessions.capacity,
             "engine_version": g.engine.version,
+            **({"engine": g.engine.describe()} if hasattr(g.engine, "describe") else {}),  # remote: backends
         }
 
     @app.get("/health", tags=["control"])
     async def health(request: Request) -> dict[str, Any]:
         g = gw(request)
-        return {"status": "ok", "version": g.engine.version, "uptime_s": round(time.time() - g.started_at, 3)}
+        body = {"status": "ok", "version": g.engine.version, "uptime_s": round(time.time() - g.started_at, 3)}
+        if hasattr(g.engine, "describe"):  # remote engines: backend counts only (URLs are in /rl/metrics)
+            states = [b["state"] for b in g.engine.describe()["backends"]]
+            body["backends"] = {"total": len(states), "healthy": states.count("healthy")}
+            body["status"] = "ok" if "healthy" in states else "degraded"
+        return body
 
     async def list_models(request: Request) -> dict[str, Any]:
         g = gw(request)

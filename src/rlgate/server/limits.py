@@ -1,17 +1,65 @@
-"""ASGI middleware bounding request bodies (413 in the surface's error shape)."""
+"""Request limits: the body-size middleware (413 in the surface's error shape) and the
+per-request checks every API surface shares (messages, tools, stop sequences: 400).
+
+Every limit is a :class:`~rlgate.config.GatewayConfig` field; docs/operations.md has the
+table of limits, defaults and answers.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlgate.api.errors import PayloadTooLarge, error_body, surface_of
+from rlgate.api.errors import InvalidRequest, PayloadTooLarge, error_body, surface_of
+
+if TYPE_CHECKING:
+    from rlgate.api.generation import ChatRequest
+    from rlgate.config import GatewayConfig
+
+
+def check_request_limits(config: GatewayConfig, req: ChatRequest) -> None:
+    """400 when a generation request has more messages, tools or stop sequences than allowed."""
+    checks = (
+        (len(req.messages), config.max_messages_per_request, "messages", "max_messages_per_request",
+         "too_many_messages"),
+        (len(req.tools), config.max_tools, "tools", "max_tools", "too_many_tools"),
+        (len(req.stop), config.max_stop_sequences, "stop", "max_stop_sequences", "too_many_stop_sequences"),
+    )
+    for n, limit, param, name, code in checks:
+        if n > limit:
+            raise InvalidRequest(f"{n} {param} given; at most {limit} allowed ({name})", param=param, code=code)
+
+
+# Before answering 413, read and discard up to this much more of the body (for at most
+# DRAIN_SECONDS): a client still sending when the server closes the connection may get a
+# TCP reset instead of the 413. Larger bodies are cut off without reading them.
+DRAIN_BYTES = 1024 * 1024
+DRAIN_SECONDS = 2.0
 
 
 class BodyLimitMiddleware:
     def __init__(self, app: Any, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
+
+    async def _drain(self, receive: Any) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DRAIN_SECONDS
+        budget = DRAIN_BYTES
+        while budget > 0:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            try:
+                message = await asyncio.wait_for(receive(), left)
+            except asyncio.TimeoutError:
+                return
+            if message["type"] != "http.request":
+                return
+            budget -= len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
     async def _reject(self, scope: dict[str, Any], send: Any) -> None:
         exc = PayloadTooLarge(f"request body larger than {self.max_bytes} bytes")
@@ -28,7 +76,10 @@ class BodyLimitMiddleware:
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
-                    if int(value) > self.max_bytes:
+                    declared = int(value)
+                    if declared > self.max_bytes:
+                        if declared <= DRAIN_BYTES:  # small enough to read it all
+                            await self._drain(receive)
                         await self._reject(scope, send)
                         return
                 except ValueError:
@@ -42,6 +93,8 @@ class BodyLimitMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
+                if message.get("more_body", False):
+                    await self._drain(receive)
                 await self._reject(scope, send)
                 return
             chunks.append(chunk)

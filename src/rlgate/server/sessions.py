@@ -25,8 +25,10 @@ from rlgate.api.errors import (
     InvalidRequest,
     NotFound,
     RateLimited,
+    Unavailable,
 )
 from rlgate.config import GatewayConfig
+from rlgate.server.durability import after_response
 from rlgate.store.base import Store
 from rlgate.trajectory.export import export_samples
 from rlgate.trajectory.interaction import Interaction, Session, TrajectoryMode
@@ -62,13 +64,21 @@ class SessionManager:
     # ------------------------------------------------------------------ restart
 
     def restore(self) -> None:
-        """Reload persisted sessions; sessions that were active become ``interrupted``."""
+        """Reload persisted sessions; sessions that were active become ``interrupted``.
+
+        Keys of ended and interrupted sessions keep mapping to them (generation answers
+        409 / 410 with the reason); keys of exported sessions stay retired (401).
+        """
+        self.capacity = int(self.store.load_meta().get("capacity", 0))
         for s in self.store.load():
+            if s.exported_at is not None and self.config.retain_exported <= 0:
+                self.store.delete_session(s.id)  # exported before the restart; no audit retention now
+                continue
             if s.status == "active":
                 s.status = "interrupted"
                 s.ended_at = time.time()
                 self.store.save_session(s)
-                log.warning("session %s was active at shutdown: marked interrupted", s.id)
+                log.debug("session %s was active at shutdown: marked interrupted", s.id)
             for i in s.interactions.values():
                 if i.status == "pending":
                     i.status = "failed"
@@ -77,14 +87,25 @@ class SessionManager:
                 if i.completed:
                     i.prefix_key = i.prefix_key or interaction_key(i)
                     register_completed(s, i)
+            s.last_active = max([s.last_active] + [i.completed_at or i.created_at for i in s.interactions.values()])
             self.sessions[s.id] = s
-            if s.status == "ended":
+            if s.exported_at is None:  # later sessions (created_at order) win a reused key
                 self._by_key[s.key_hash] = s.id
+        if self.sessions:
+            by_status: dict[str, int] = {}
+            for s in self.sessions.values():
+                by_status[s.status] = by_status.get(s.status, 0) + 1
+            log.log(logging.WARNING if by_status.get("interrupted") else logging.INFO,
+                    "restored %d sessions from the store (%s), %d interactions, capacity %d; sessions that "
+                    "were active are marked interrupted", len(self.sessions),
+                    ", ".join(f"{n} {k}" for k, n in sorted(by_status.items())),
+                    sum(len(s.interactions) for s in self.sessions.values()), self.capacity)
 
     # ------------------------------------------------------------------ capacity
 
-    def grant_capacity(self) -> int:
-        self.capacity += 1
+    def grant_capacity(self, count: int = 1) -> int:
+        self.capacity += count
+        self.store.save_meta("capacity", self.capacity)
         return self.capacity
 
     # ------------------------------------------------------------------ sessions
@@ -107,10 +128,17 @@ class SessionManager:
         metadata: dict[str, Any] | None = None,
     ) -> tuple[Session, str]:
         if not self.accepting:
-            raise RateLimited("the gateway is shutting down and admits no new sessions", status=503)
+            raise Unavailable("the gateway is shutting down and admits no new sessions", code="shutting_down")
         if self.open_sessions() >= self.config.max_sessions:
             raise RateLimited(
-                f"too many open sessions (max_sessions={self.config.max_sessions}); end or export some first"
+                f"too many open sessions (max_sessions={self.config.max_sessions}); end or export some first",
+                code="too_many_sessions",
+            )
+        if len(self.sessions) >= self.config.max_stored_sessions:
+            raise RateLimited(
+                f"too many sessions held (max_stored_sessions={self.config.max_stored_sessions}): "
+                "export ended sessions first",
+                code="too_many_stored_sessions",
             )
         if api_key is not None:
             if secrets.compare_digest(hash_key(api_key), self._admin_hash):
@@ -127,6 +155,7 @@ class SessionManager:
                 raise RateLimited("no capacity: the trainer has not granted another session yet",
                                   code="no_capacity")
             self.capacity -= 1
+            self.store.save_meta("capacity", self.capacity)
         key = api_key if api_key is not None else secrets.token_urlsafe(32)
         digest = hash_key(key)
         session = Session(
@@ -165,6 +194,12 @@ class SessionManager:
                 f"session {session.id} reached max_interactions_per_session="
                 f"{self.config.max_interactions_per_session}",
                 code="too_many_interactions",
+            )
+        if session.in_flight >= self.config.max_concurrent_requests_per_session:
+            raise RateLimited(
+                f"session {session.id} has {session.in_flight} requests in flight "
+                f"(max_concurrent_requests_per_session={self.config.max_concurrent_requests_per_session})",
+                code="too_many_concurrent_requests",
             )
 
     def end_session(self, session: Session) -> int:
@@ -260,13 +295,22 @@ class SessionManager:
         return response
 
     def _drop_after_export(self, session: Session) -> None:
-        self._by_key.pop(session.key_hash, None)
-        if self.config.retain_exported > 0:
-            session.exported_at = time.time()
-            self.store.save_session(session)
-        else:
-            self.sessions.pop(session.id, None)
-            self.store.delete_session(session.id)
+        """Retire the key and mark the session exported now (a second export is a 404); the
+        store forgets it only after the export response was sent (at-least-once: if the
+        gateway dies in between, the session is exportable again after the restart). Its id
+        stays reserved until then, so a new session cannot take the row."""
+        if self._by_key.get(session.key_hash) == session.id:  # the key may map to a newer session
+            del self._by_key[session.key_hash]
+        session.exported_at = time.time()
+
+        def drop() -> None:
+            if self.config.retain_exported > 0:
+                self.store.save_session(session)
+            elif self.sessions.get(session.id) is session:
+                del self.sessions[session.id]
+                self.store.delete_session(session.id)
+
+        after_response(drop)
         log.info("session %s exported", session.id)
 
     # ------------------------------------------------------------------ housekeeping
@@ -282,7 +326,8 @@ class SessionManager:
                 self.metrics["sessions_swept"] += 1
                 log.warning("session %s idle for %.0f s: ended by the sweeper (not deleted; still exportable)",
                             s.id, now - s.last_active)
-            elif s.exported_at is not None and now - s.exported_at > self.config.retain_exported:
+            elif (s.exported_at is not None and self.config.retain_exported > 0
+                  and now - s.exported_at > self.config.retain_exported):
                 self.sessions.pop(s.id, None)
                 self.store.delete_session(s.id)
         return ended

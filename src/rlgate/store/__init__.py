@@ -1,1 +1,36 @@
-"""rlgate.store."""
+"""rlgate.store: where sessions and interactions are persisted.
+
+``open_store(spec)``: ``":memory:"`` keeps nothing beyond the process (tests, benchmarks);
+anything else is the path of a SQLite file (created 0600). See docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rlgate.store.base import MemoryStore, Store, StoreError
+
+__all__ = ["MemoryStore", "Store", "StoreError", "default_data_dir", "open_store", "STORE_FILE_NAME"]
+
+STORE_FILE_NAME = "rlgate.sqlite"
+
+
+def default_data_dir() -> Path:
+    """``$RLGATE_DATA_DIR``, else ``$XDG_DATA_HOME/rlgate``, else ``~/.local/share/rlgate``."""
+    env = os.environ.get("RLGATE_DATA_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_DATA_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share") / "rlgate"
+
+
+def open_store(spec: str | os.PathLike[str] | None = None, *, data_dir: str | os.PathLike[str] | None = None,
+               synchronous: str = "full") -> Store:
+    """The store for ``--store SPEC`` (``None``: ``DATA_DIR/rlgate.sqlite``)."""
+    if spec is not None and str(spec) == ":memory:":
+        return MemoryStore()
+    from rlgate.store.sqlite import SQLiteStore
+
+    path = Path(spec).expanduser() if spec is not None else Path(data_dir or default_data_dir()) / STORE_FILE_NAME
+    return SQLiteStore(path, synchronous=synchronous)

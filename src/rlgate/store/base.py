@@ -2,19 +2,33 @@
 
 The :class:`~rlgate.server.sessions.SessionManager` keeps live state in memory and
 writes every change through to a store. A store only has to persist and reload;
-it never decides anything. ``MemoryStore`` persists nothing (``--store :memory:``).
+it never decides anything. ``MemoryStore`` persists nothing (``--store :memory:``);
+:class:`~rlgate.store.sqlite.SQLiteStore` is the durable one.
+
+Writes may be asynchronous (``SQLiteStore`` commits them on a writer thread), so the
+interface has a barrier: :meth:`Store.wait_durable` returns once every write submitted
+before the call is durable. The gateway awaits it before a response that reports a
+change is sent (see docs/operations.md, "Durability guarantee").
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from rlgate.trajectory.interaction import Interaction, Session
+
+
+class StoreError(Exception):
+    """A write could not be made durable (disk full, I/O error, store closed)."""
 
 
 class Store(Protocol):
     def load(self) -> list[Session]:
         """All persisted sessions with their interactions (for restart)."""
+        ...
+
+    def load_meta(self) -> dict[str, Any]:
+        """Persisted gateway counters (e.g. ``capacity``)."""
         ...
 
     def save_session(self, session: Session) -> None:
@@ -25,11 +39,25 @@ class Store(Protocol):
         """Insert or update one interaction."""
         ...
 
+    def save_meta(self, key: str, value: Any) -> None:
+        """Persist one gateway counter (JSON-serialisable value)."""
+        ...
+
     def delete_session(self, session_id: str) -> None:
         """Remove a session and its interactions."""
         ...
 
-    def close(self) -> None: ...
+    async def wait_durable(self) -> None:
+        """Return once every write submitted before this call is durable (raise StoreError if one failed)."""
+        ...
+
+    def flush(self) -> None:
+        """Block until every submitted write is durable."""
+        ...
+
+    def close(self) -> None:
+        """Flush, then release the store. Idempotent."""
+        ...
 
 
 class MemoryStore:
@@ -38,13 +66,25 @@ class MemoryStore:
     def load(self) -> list[Session]:
         return []
 
+    def load_meta(self) -> dict[str, Any]:
+        return {}
+
     def save_session(self, session: Session) -> None:
         pass
 
     def save_interaction(self, interaction: Interaction) -> None:
         pass
 
+    def save_meta(self, key: str, value: Any) -> None:
+        pass
+
     def delete_session(self, session_id: str) -> None:
+        pass
+
+    async def wait_durable(self) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
     def close(self) -> None:

@@ -62,9 +62,7 @@ def to_chat_request(body: ChatCompletionRequest) -> ChatRequest:
         raise InvalidRequest("only n=1 is supported", param="n")
     if body.max_tokens is not None and body.max_completion_tokens is not None:
         raise InvalidRequest("set max_tokens or max_completion_tokens, not both", param="max_tokens")
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if len(stop) > 16:
-        raise InvalidRequest("at most 16 stop sequences", param="stop")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])  # count: limits.py
     tools = [
         tool_spec(t.function.name, t.function.description, t.function.parameters, f"tools[{i}].function.parameters")
         for i, t in enumerate(body.tools or [])

@@ -1,0 +1,85 @@
+"""Responses wait for the store: what a client was told is on disk.
+
+:class:`DurabilityMiddleware` holds every response's ``http.response.start`` until the
+writes that request submitted to the store are durable (``Store.wait_durable``), so a
+200 from a control route (start / end session, reward, capacity) or a non-streamed
+generation means the change is committed. Streamed generations wait inside
+``GenerationService.run`` before the final event (finish reason, usage, ``[DONE]``).
+If the store failed to write, the response is replaced by a 503 in the surface's error
+shape.
+
+:func:`after_response` defers work until the response has been handed to the server:
+the session manager uses it to forget an exported session only once its export
+response was sent (at-least-once exports).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from rlgate.api.errors import Unavailable, error_body, surface_of
+from rlgate.store.base import StoreError
+
+log = logging.getLogger("rlgate.store")
+
+_AFTER_RESPONSE: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
+    "rlgate_after_response", default=None
+)
+
+
+def after_response(fn: Callable[[], None]) -> None:
+    """Run ``fn`` once the current request's response was sent (now, outside a request)."""
+    hooks = _AFTER_RESPONSE.get()
+    if hooks is None:
+        fn()
+    else:
+        hooks.append(fn)
+
+
+class DurabilityMiddleware:
+    def __init__(self, app: Any, store: Any) -> None:
+        self.app = app
+        self.store = store
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        hooks: list[Callable[[], None]] = []
+        token = _AFTER_RESPONSE.set(hooks)
+        replaced = False
+
+        async def durable_send(message: dict[str, Any]) -> None:
+            nonlocal replaced
+            if replaced:
+                return
+            if message["type"] == "http.response.start":
+                try:
+                    await self.store.wait_durable()
+                except StoreError as exc:
+                    replaced = True
+                    err = Unavailable(str(exc), code="store_unavailable")
+                    body = json.dumps(error_body(err, surface_of(scope.get("path", "")))).encode()
+                    await send({"type": "http.response.start", "status": err.status,
+                                "headers": [(b"content-type", b"application/json"),
+                                            (b"content-length", str(len(body)).encode())]})
+                    await send({"type": "http.response.body", "body": body})
+                    return
+            await send(message)
+
+        try:
+            await self.app(scope, receive, durable_send)
+        finally:
+            _AFTER_RESPONSE.reset(token)
+            if replaced and hooks:
+                log.error("%s: the store failed; deferred work (%d) skipped", scope.get("path"), len(hooks))
+                hooks = []
+            for fn in hooks:
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001 - a hook must not turn a sent response into an error
+                    log.exception("after-response hook failed")

@@ -1,0 +1,83 @@
+"""Serving an app with uvicorn, with the gateway's own graceful shutdown.
+
+On SIGTERM (or Ctrl+C), in this order:
+
+1. the signal handler stops session admission (``/rl/start_session`` answers 503);
+2. uvicorn stops listening, closes idle connections and lets requests in flight,
+   streams included, finish — for at most ``shutdown_timeout`` seconds, after which
+   they are cancelled (each cancelled generation is recorded with ``finish_reason``
+   ``"abort"``);
+3. the app's lifespan shutdown stops the sweeper, closes the engine, then flushes and
+   closes the store;
+4. the process exits with status 0 (uvicorn would re-raise the signal instead).
+
+A second Ctrl+C forces an immediate exit (writes not yet acknowledged may be lost;
+acknowledged ones are already durable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Generator
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+log = logging.getLogger("rlgate.server")
+
+EXIT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+# Idle keep-alive connections are closed after this long. Longer than clients' own idle
+# expiry (httpx, and so the OpenAI / Anthropic SDKs: 5 s), so that the client, not the
+# server, retires an idle connection: otherwise a request sent on a connection the server
+# is closing at that moment fails (uvicorn's default is also 5 s: the load benchmark hit it).
+KEEP_ALIVE_S = 65
+
+
+class GatewayServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, gateway: Any) -> None:
+        super().__init__(config)
+        self.gateway = gateway
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in EXIT_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+        # Unlike uvicorn, do not re-raise the signal: a graceful shutdown exits 0.
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.gateway.sessions.accepting = False  # first: no new sessions from here on
+        super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        self.gateway.sessions.accepting = False
+        in_flight = sum(s.in_flight for s in self.gateway.sessions.sessions.values())
+        log.warning("shutting down: admitting no new sessions; %d generations in flight get up to %.0f s",
+                    in_flight, self.config.timeout_graceful_shutdown or 0)
+        await super().shutdown(sockets)
+
+
+def serve(app: Any, *, host: str, port: int, log_level: str = "info", access_log: bool = False,
+          shutdown_timeout: float = 30.0) -> int:
+    """Serve ``app`` (from ``create_app``) until SIGTERM / SIGINT; return the exit status."""
+    gateway = app.state.gateway
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
+                            timeout_graceful_shutdown=shutdown_timeout,  # type: ignore[arg-type]
+                            timeout_keep_alive=KEEP_ALIVE_S, lifespan="on")
+    server = GatewayServer(config, gateway)
+    try:
+        server.run()
+    finally:
+        gateway.store.close()  # idempotent; covers a forced exit that skipped the lifespan shutdown
+    return 0

@@ -1,0 +1,315 @@
+"""GRPO on trajectories recorded by the gateway, top to bottom.
+
+Launch it with ``rlgate train --config FILE.yaml`` (any Hugging Face checkpoint) or see
+it run in ``rlgate demo``. One optimisation step:
+
+1. collect ``groups_per_step`` GRPO groups from the rollout runner (agents talking to the
+   gateway), dropping samples whose oldest generated token is more than
+   ``max_staleness`` policy versions behind;
+2. advantages: each sample's reward minus its group's mean (optionally / std);
+3. forward + backward over micro-batches (gradient accumulation), PPO-clip loss with the
+   ratio against the *recorded* behaviour logprobs — decoupled through the proximal
+   policy when a sample is stale — plus an optional KL to a frozen reference;
+4. gradient clipping, AdamW step;
+5. push the weights to the serving policy (colocated copy or remote checkpoint), which
+   bumps the weight version, and admit one more step's worth of episodes.
+
+Departures from textbook GRPO:
+
+* loss normalisation is per token over the whole step (sum of token losses / number of
+  generated tokens in the step, DAPO-style), not per sequence then per group;
+* advantages are only mean-centred by default (no std scaling, as in Dr. GRPO);
+* one optimiser update per batch by default; then the PPO ratio is ~1 and the clip only
+  matters for stale samples or ``minibatches > 1``;
+* samples are whatever the gateway exported: ``individual`` (one per LLM call) or
+  ``concat`` (one per conversation branch with loss on every generated segment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+
+from rlgate.rollout.runner import Allowance, Group, RolloutRunner
+from rlgate.train.loss import group_advantages, kl_penalty, policy_loss, token_logprobs
+from rlgate.train.sync import WeightSync
+from rlgate.trajectory.export import to_padded_tensors
+
+log = logging.getLogger("rlgate.train")
+
+
+class GRPOConfig(BaseModel):
+    """Optimisation hyper-parameters (rollout settings live in the runner)."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = 1.0
+    clip_low: float = 0.2  # PPO clip: ratio >= 1 - clip_low
+    clip_high: float | None = None  # ratio <= 1 + clip_high (None: = clip_low)
+    importance_cap: float = 5.0  # max off-policy weight pi_prox / pi_behav for stale samples
+    kl_coef: float = 0.0  # > 0: KL(pi || pi_ref) penalty against a frozen copy of the start
+    scale_adv_by_std: bool = False
+    micro_batch_size: int = 16  # samples per forward/backward (gradient accumulation)
+    minibatches: int = 1  # optimiser updates per batch
+    groups_per_step: int = 8
+    max_staleness: int = 0  # 0 = synchronous on-policy
+    pad_token_id: int = 0
+    device: str | None = None  # None: cuda if available else cpu
+
+
+def sample_min_version(sample: dict[str, Any]) -> int | None:
+    vs = [v for v, m in zip(sample["versions"], sample["loss_mask"]) if m and v >= 0]
+    return min(vs) if vs else None
+
+
+@dataclass
+class StepStats:
+    kept_groups: int = 0
+    dropped_stale: int = 0  # samples dropped for being too stale
+    dropped_groups: int = 0  # groups left with < 2 episodes
+    failed_episodes: int = 0
+    episode_rewards: list[float] = field(default_factory=list)
+    generated_tokens: int = 0
+
+
+class GRPOTrainer:
+    """Owns the policy being trained, its optimiser and an optional frozen reference."""
+
+    def __init__(self, model: Any, config: GRPOConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = model.to(self.device)
+        self.model.train()
+        self.ref_model = None
+        if config.kl_coef > 0:
+            self.ref_model = copy.deepcopy(model).to(self.device).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
+        )
+
+    def _forward_logprobs(self, model: Any, batch: dict[str, torch.Tensor], temps: torch.Tensor) -> torch.Tensor:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long()).logits
+        return token_logprobs(logits, batch["input_ids"], temps)
+
+    def step(self, samples: list[dict[str, Any]], group_ids: list[str], current_version: int) -> dict[str, float]:
+        """One optimisation step on exported samples; returns metrics."""
+        cfg = self.config
+        # ------------------------------------------------------------------ advantages
+        rewards = [0.0 if s.get("reward") is None else float(s["reward"]) for s in samples]
+        advantages = group_advantages(rewards, group_ids, scale_by_std=cfg.scale_adv_by_std)
+        temps = torch.tensor([float(s.get("sampling", {}).get("temperature", 1.0)) for s in samples])
+        stale = torch.tensor([(sample_min_version(s) or current_version) < current_version for s in samples])
+        batch = to_padded_tensors(samples, pad_token_id=cfg.pad_token_id)
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        total_tokens = int(batch["loss_mask"].sum())
+        # ------------------------------------------------------------------ proximal logprobs
+        # Needed when a sample is stale (decoupled PPO) or when the batch gets several updates.
+        prox_all = None
+        if stale.any() or cfg.minibatches > 1:
+            prox_all = self._no_grad_logprobs(self.model, batch, temps)
+        ref_all = self._no_grad_logprobs(self.ref_model, batch, temps) if self.ref_model is not None else None
+        # ------------------------------------------------------------------ updates
+        n = len(samples)
+        order = torch.arange(n)
+        per_update = math.ceil(n / cfg.minibatches)
+        metrics: dict[str, float] = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_ref": 0.0,
+                                     "grad_norm": 0.0, "behav_logprob_abs_err": 0.0}
+        err_sum, err_n, updates = 0.0, 0, 0
+        for start in range(0, n, per_update):
+            idx = order[start:start + per_update]
+            update_tokens = int(batch["loss_mask"][idx].sum())
+            for mb_start in range(0, len(idx), cfg.micro_batch_size):
+                mb = idx[mb_start:mb_start + cfg.micro_batch_size]
+                sub = {k: v[mb] for k, v in batch.items() if k != "rewards"}
+                mask = sub["loss_mask"]
+                logp = self._forward_logprobs(self.model, sub, temps[mb].to(self.device))
+                old = sub["logprobs"]
+                prox = None
+                if prox_all is not None:
+                    # on-policy samples use the recorded logprobs as proximal policy too
+                    on = ~stale[mb].to(self.device)
+                    prox = torch.where(on.unsqueeze(-1), old, prox_all[mb])
+                loss, st = policy_loss(
+                    logp, old, advantages[mb].to(self.device), mask, logp_prox=prox,
+                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, importance_cap=cfg.importance_cap,
+                    num_tokens=max(update_tokens, 1),
+                )
+                if ref_all is not None:
+                    kl = kl_penalty(logp, ref_all[mb], mask, num_tokens=max(update_tokens, 1))
+                    loss = loss + cfg.kl_coef * kl
+                    metrics["kl_ref"] += float(kl) * float(mask.sum()) / max(total_tokens, 1)
+                loss.backward()
+                w = float(mask.sum()) / max(total_tokens, 1)
+                metrics["loss"] += float(loss.detach())  # micro-batch losses sum to the update's loss
+                metrics["clip_fraction"] += st["clip_fraction"] * w
+                metrics["approx_kl"] += st["approx_kl"] * w
+                with torch.no_grad():  # do recorded behaviour logprobs match the trainer's?
+                    on_mask = mask & ~stale[mb].to(self.device).unsqueeze(-1)
+                    err_sum += float(((logp - old).abs() * on_mask).sum())
+                    err_n += int(on_mask.sum())
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            metrics["grad_norm"] += float(grad_norm)
+            updates += 1
+        metrics["grad_norm"] /= max(updates, 1)
+        metrics["loss"] /= max(updates, 1)
+        metrics["behav_logprob_abs_err"] = err_sum / max(err_n, 1)
+        metrics["tokens"] = float(total_tokens)
+        metrics["samples"] = float(n)
+        metrics["stale_samples"] = float(stale.sum())
+        metrics["adv_abs_mean"] = float(advantages.abs().mean())
+        return metrics
+
+    @torch.no_grad()
+    def _no_grad_logprobs(self, model: Any, batch: dict[str, torch.Tensor], temps: torch.Tensor) -> torch.Tensor:
+        outs = []
+        n = batch["input_ids"].shape[0]
+        for s in range(0, n, self.config.micro_batch_size):
+            sub = {k: v[s:s + self.config.micro_batch_size] for k, v in batch.items() if k != "rewards"}
+            outs.append(self._forward_logprobs(model, sub, temps[s:s + self.config.micro_batch_size].to(self.device)))
+        return torch.cat(outs)
+
+
+# =============================================================================== the loop
+
+
+@dataclass
+class LoopState:
+    """What the loop knows between steps (saved in checkpoints)."""
+
+    step: int = 0
+    version: int = 0  # weight version the gateway serves
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def filter_group(group: Group, version: int, max_staleness: int, stats: StepStats
+                 ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Samples of a group's good, fresh-enough episodes (+ their group ids)."""
+    episodes = []
+    for e in group.episodes:
+        if not e.ok:
+            stats.failed_episodes += 1
+            continue
+        versions = [sample_min_version(s) for s in e.samples]
+        oldest = min((v for v in versions if v is not None), default=version)
+        if version - oldest > max_staleness:
+            stats.dropped_stale += len(e.samples)
+            continue
+        episodes.append(e)
+    if len(episodes) < 2:
+        stats.dropped_groups += 1
+        return [], []
+    stats.kept_groups += 1
+    samples, gids = [], []
+    for e in episodes:
+        stats.episode_rewards.append(e.reward or 0.0)
+        stats.generated_tokens += e.generated_tokens
+        for s in e.samples:
+            samples.append(s)
+            gids.append(group.group_id)
+    return samples, gids
+
+
+async def grpo_loop(
+    *,
+    trainer: GRPOTrainer,
+    runner: RolloutRunner,
+    sync: WeightSync,
+    prompts: Iterator[tuple[str, dict[str, Any]]],
+    steps: int,
+    state: LoopState | None = None,
+    on_step: Callable[[LoopState, dict[str, float]], Awaitable[None] | None] | None = None,
+) -> LoopState:
+    """Run ``steps`` GRPO steps; ``on_step`` sees the state and metrics after each."""
+    cfg = trainer.config
+    state = state or LoopState()
+    episodes_per_step = cfg.groups_per_step * runner.group_size
+    allowance = runner.allowance or Allowance()
+    runner.allowance = allowance
+    # ---------------------------------------------------------------- admission
+    # Rollout may run ahead of training by max_staleness versions: admit that many steps.
+    # Gateway capacity is always granted before the runner's own allowance, so an admitted
+    # episode never waits for the server (and evaluations granting their own never starve).
+    first = (cfg.max_staleness + 1) * episodes_per_step
+    await runner.client.grant_capacity(first)
+    await allowance.grant(first)
+    queue: asyncio.Queue[Group] = asyncio.Queue()
+
+    async def produce() -> None:
+        async for g in runner.groups(prompts, max_groups_in_flight=(cfg.max_staleness + 1) * cfg.groups_per_step):
+            await queue.put(g)
+
+    producer = asyncio.create_task(produce())
+    # Training runs off the event loop (rollout goes on when max_staleness > 0), always on
+    # the same thread: torch's OpenMP pool is per thread, and hopping threads costs.
+    loop = asyncio.get_running_loop()
+    train_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-train")
+    try:
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            # ------------------------------------------------------------ 1. collect groups
+            stats = StepStats()
+            samples: list[dict[str, Any]] = []
+            group_ids: list[str] = []
+            while stats.kept_groups < cfg.groups_per_step:
+                if producer.done() and queue.empty():
+                    producer.result()  # surface an error of the producer
+                    raise RuntimeError("the prompt iterator ran out before the step was complete")
+                group = await queue.get()
+                s, g = filter_group(group, state.version, cfg.max_staleness, stats)
+                samples += s
+                group_ids += g
+                replace = sum(1 for e in group.episodes if not e.ok) + (runner.group_size if not s else 0)
+                if replace:  # dropped episodes do not count against the allowance
+                    await runner.client.grant_capacity(replace)
+                    await allowance.grant(replace)
+            t_rollout = time.perf_counter() - t0
+            # ------------------------------------------------------------ 2-4. optimise
+            t1 = time.perf_counter()
+            metrics = await loop.run_in_executor(train_thread, trainer.step, samples, group_ids, state.version)
+            t_train = time.perf_counter() - t1
+            # ------------------------------------------------------------ 5. weight sync + admission
+            t2 = time.perf_counter()
+            state.version = await sync.push(trainer.model)
+            t_sync = time.perf_counter() - t2
+            await runner.client.grant_capacity(episodes_per_step)
+            await allowance.grant(episodes_per_step)
+            state.step += 1
+            rewards = stats.episode_rewards
+            metrics.update({
+                "step": float(state.step),
+                "version": float(state.version),
+                "reward": sum(rewards) / max(len(rewards), 1),
+                "episodes": float(len(rewards)),
+                "failed_episodes": float(stats.failed_episodes),
+                "dropped_stale_samples": float(stats.dropped_stale),
+                "dropped_groups": float(stats.dropped_groups),
+                "generated_tokens": float(stats.generated_tokens),
+                "rollout_s": t_rollout, "train_s": t_train, "sync_s": t_sync,
+                "step_s": time.perf_counter() - t0,
+            })
+            state.history.append(metrics)
+            if on_step is not None:
+                out = on_step(state, metrics)
+                if asyncio.iscoroutine(out):
+                    await out
+    finally:
+        producer.cancel()
+        await asyncio.gather(producer, return_exceptions=True)
+        train_thread.shutdown(wait=True)
+    return state

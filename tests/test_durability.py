@@ -1,0 +1,265 @@
+"""`rlgate serve --store X.sqlite` as a subprocess: SIGKILL mid-run loses nothing a client
+was told; SIGTERM lets in-flight requests finish and exits 0 with a consistent store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import ADMIN_KEY
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited early with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError("server did not become healthy")
+
+
+def serve(model: Path, store: Path, log: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    out = open(log, "a")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(model), "--engine", "fake",
+         "--port", str(port), "--store", str(store), "--log-level", "info", *extra],
+        env={**os.environ, "RLGATE_ADMIN_KEY": ADMIN_KEY}, stdout=out, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, proc)
+    return proc, url
+
+
+def parse_sse(text: str) -> list[dict]:
+    return [json.loads(line[6:]) for line in text.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+async def one_turn(c: httpx.AsyncClient, key: str, messages: list[dict], *, stream: bool, surface: str) -> dict:
+    """One generation; returns what the client saw: id, text, prompt / completion token counts."""
+    h = {"Authorization": f"Bearer {key}"}
+    if surface == "messages":
+        body = {"max_tokens": 64, "messages": messages, "stream": stream}
+        if not stream:
+            r = await c.post("/v1/messages", json=body, headers=h)
+            r.raise_for_status()
+            j = r.json()
+            return {"id": j["id"], "text": j["content"][0]["text"], "prompt": j["usage"]["input_tokens"],
+                    "completion": j["usage"]["output_tokens"]}
+        async with c.stream("POST", "/v1/messages", json=body, headers=h) as s:
+            s.raise_for_status()
+            events = parse_sse((await s.aread()).decode())
+        assert events[-1]["type"] == "message_stop", events[-1]
+        start = next(e for e in events if e["type"] == "message_start")["message"]
+        delta = next(e for e in events if e["type"] == "message_delta")
+        text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+        return {"id": start["id"], "text": text, "prompt": start["usage"]["input_tokens"],
+                "completion": delta["usage"]["output_tokens"]}
+    body = {"messages": messages, "max_tokens": 64, "stream": stream}
+    if not stream:
+        r = await c.post("/v1/chat/completions", json=body, headers=h)
+        r.raise_for_status()
+        j = r.json()
+        return {"id": j["id"], "text": j["choices"][0]["message"]["content"], "prompt": j["usage"]["prompt_tokens"],
+                "completion": j["usage"]["completion_tokens"]}
+    body["stream_options"] = {"include_usage": True}
+    async with c.stream("POST", "/v1/chat/completions", json=body, headers=h) as s:
+        s.raise_for_status()
+        raw = (await s.aread()).decode()
+    assert raw.rstrip().endswith("data: [DONE]")
+    chunks = parse_sse(raw)
+    usage = chunks[-1]["usage"]
+    text = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks if ch["choices"])
+    return {"id": chunks[0]["id"], "text": text, "prompt": usage["prompt_tokens"],
+            "completion": usage["completion_tokens"]}
+
+
+def check_exported(tokenizer, seen: dict, item: dict) -> None:
+    """The exported sample is token for token what the client received."""
+    out = [t for t, m in zip(item["input_ids"], item["loss_mask"]) if m]
+    assert len(item["input_ids"]) - len(out) == seen["prompt"]
+    assert len(out) == seen["completion"]
+    assert tokenizer.decode(out, skip_special_tokens=True).strip() == seen["text"].strip()
+    assert all(v == 0 for v, m in zip(item["versions"], item["loss_mask"]) if m)
+
+
+@pytest.mark.slow
+def test_sigkill_loses_nothing_a_client_saw(tiny_model_dir, tokenizer, tmp_path):
+    store, log = tmp_path / "gw.sqlite", tmp_path / "serve.log"
+    proc, url = serve(tiny_model_dir, store, log, "--fake-token-delay", "0.01", "--fake-output-tokens", "10")
+    n_sessions = 20
+    seen: dict[str, list[dict]] = {}  # session id -> interactions whose response the client received
+    rewards: dict[str, float] = {}
+    keys: dict[str, str] = {}
+    ended: set[str] = set()
+
+    async def agent(c: httpx.AsyncClient, k: int) -> None:
+        r = await c.post("/rl/start_session", json={"task_id": f"crash{k}"}, headers=ADMIN)
+        sid, key = r.json()["session_id"], r.json()["api_key"]
+        keys[sid], seen[sid] = key, []
+        messages = [{"role": "user", "content": f"session {k}: start"}]
+        for turn in range(1000):
+            got = await one_turn(c, key, messages, stream=(k + turn) % 2 == 0,
+                                 surface="messages" if k % 4 == 3 else "chat")
+            seen[sid].append(got)
+            messages += [{"role": "assistant", "content": got["text"]},
+                         {"role": "user", "content": f"session {k}: turn {turn}"}]
+            if turn == 1:
+                r = await c.post("/rl/set_reward", json={"reward": float(k)}, headers={"Authorization": f"Bearer {key}"})
+                r.raise_for_status()
+                rewards[got["id"]] = float(k)
+            if k < 4 and turn == 2:
+                (await c.post("/rl/end_session", headers={"Authorization": f"Bearer {key}"})).raise_for_status()
+                ended.add(sid)
+                return
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=30,
+                                     limits=httpx.Limits(max_connections=64)) as c:
+            tasks = [asyncio.create_task(agent(c, k)) for k in range(n_sessions)]
+            await asyncio.sleep(2.0)
+            proc.send_signal(signal.SIGKILL)  # mid-flight: many requests are generating right now
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(run())
+    assert proc.wait(10) == -signal.SIGKILL
+    total = sum(len(v) for v in seen.values())
+    assert total >= 2 * n_sessions, total  # the run was well under way
+
+    proc, url = serve(tiny_model_dir, store, log)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as c:
+            statuses = []
+            for sid, interactions in seen.items():
+                r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+                           headers={"Authorization": f"Bearer {keys[sid]}"})
+                exp = c.post("/export_trajectories", json={"session_id": sid}, headers=ADMIN)
+                assert exp.status_code == 200, exp.text
+                exp = exp.json()
+                statuses.append(exp["status"])
+                if sid in ended:
+                    assert exp["status"] == "ended" and r.status_code == 409
+                elif exp["status"] == "interrupted":  # the old key no longer generates
+                    assert r.status_code == 410 and r.json()["error"]["code"] == "session_interrupted"
+                else:  # ended, but the kill came before the client read the end_session response
+                    assert exp["status"] == "ended" and r.status_code == 409 and int(sid[5:].split("-")[0]) < 4
+                by_id = {i["id"]: i for i in exp["interactions"]}
+                for got in interactions:
+                    assert got["id"] in by_id, (sid, got["id"])
+                    check_exported(tokenizer, got, by_id[got["id"]])
+                    if got["id"] in rewards:
+                        assert by_id[got["id"]]["reward"] == rewards[got["id"]]
+                # anything else exported was completed by the server but its response was lost in the kill
+                assert len(by_id) - len(interactions) <= 1
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+    assert statuses.count("interrupted") >= n_sessions - 4
+    summary = f"({statuses.count('ended')} ended, {statuses.count('interrupted')} interrupted)"
+    assert summary in log.read_text()
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_in_flight_requests_and_exits_0(tiny_model_dir, tokenizer, tmp_path):
+    store, log = tmp_path / "gw.sqlite", tmp_path / "serve.log"
+    # each generation takes ~1 s: 20 tokens, 50 ms apart
+    proc, url = serve(tiny_model_dir, store, log, "--fake-token-delay", "0.05", "--fake-output-tokens", "20",
+                      "--shutdown-timeout", "20")
+    n = 20
+
+    async def run() -> list:
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=64)) as c:
+            keys = []
+            for k in range(n):
+                r = await c.post("/rl/start_session", json={"task_id": f"term{k}"}, headers=ADMIN)
+                keys.append((r.json()["session_id"], r.json()["api_key"]))
+            started = asyncio.Event()
+            first_bytes = 0
+
+            async def request(k: int, sid: str, key: str):
+                nonlocal first_bytes
+                messages = [{"role": "user", "content": f"request {k}"}]
+                if k % 2:  # non-streamed: counts as started once sent
+                    first_bytes += 1
+                    if first_bytes == n:
+                        started.set()
+                    got = await one_turn(c, key, messages, stream=False, surface="chat")
+                    return sid, got
+                h = {"Authorization": f"Bearer {key}"}
+                async with c.stream("POST", "/v1/chat/completions", headers=h, json={
+                        "messages": messages, "stream": True, "stream_options": {"include_usage": True}}) as s:
+                    chunks = []
+                    async for line in s.aiter_lines():
+                        if not chunks:
+                            first_bytes += 1
+                            if first_bytes == n:
+                                started.set()
+                        chunks.append(line)
+                raw = "\n".join(chunks)
+                assert raw.rstrip().endswith("data: [DONE]")
+                events = parse_sse(raw)
+                text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+                return sid, {"id": events[0]["id"], "text": text, "prompt": events[-1]["usage"]["prompt_tokens"],
+                             "completion": events[-1]["usage"]["completion_tokens"]}
+
+            tasks = [asyncio.create_task(request(k, sid, key)) for k, (sid, key) in enumerate(keys)]
+            await asyncio.wait_for(started.wait(), 30)
+            await asyncio.sleep(0.2)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            results = await asyncio.gather(*tasks)
+            # after SIGTERM nothing new is admitted (the listening socket is closed)
+            with pytest.raises(httpx.HTTPError):
+                await c.post("/rl/start_session", json={"task_id": "late"}, headers=ADMIN)
+            return results, time.monotonic() - t0
+
+    results, drain_s = asyncio.run(run())
+    assert proc.wait(30) == 0
+    assert len(results) == n
+    assert drain_s < 15
+    for _, got in results:
+        assert got["completion"] == 20  # finished normally, not cut short
+    # the store is consistent: integrity, checkpointed WAL, every interaction completed
+    db = sqlite3.connect(store)
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    wal = store.with_name(store.name + "-wal")
+    assert not wal.exists() or wal.stat().st_size == 0
+    db.close()
+    from rlgate.store.sqlite import SQLiteStore
+
+    s = SQLiteStore(store)
+    sessions = {x.id: x for x in s.load()}
+    s.close()
+    assert len(sessions) == n
+    for sid, got in results:
+        (inter,) = sessions[sid].interactions.values()
+        assert inter.id == got["id"] and inter.status == "completed" and inter.finish_reason == "stop"
+        assert len(inter.prompt_ids) == got["prompt"] and len(inter.output_ids) == got["completion"]
+        assert tokenizer.decode(inter.output_ids, skip_special_tokens=True).strip() == got["text"].strip()
+    text = log.read_text()
+    assert "shutting down: admitting no new sessions; 20 generations in flight" in text
+    assert "store flushed and closed" in text

@@ -1,0 +1,146 @@
+"""Rollout runner: groups, rewards, failing / hanging agents, subprocess mode."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from helpers import ADMIN_KEY
+
+from rlgate.client import GatewayClient
+from rlgate.engine.fake import FakeEngine
+from rlgate.rollout.agent import AgentError, check_result
+from rlgate.rollout.runner import Allowance, RolloutRunner
+from rlgate.server.runner import ServerThread
+
+
+class ChatAgent:
+    """Asks one question with the OpenAI SDK; reward = 1 if the reply mentions the answer."""
+
+    async def run(self, data, *, base_url, api_key, http_client=None):
+        from openai import AsyncOpenAI
+
+        async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as oai:
+            r = await oai.chat.completions.create(model="m", messages=[{"role": "user", "content": data["q"]}],
+                                                  max_tokens=8)
+        return 1.0 if data["a"] in (r.choices[0].message.content or "") else 0.0
+
+
+class TwoTurnAgent:
+    """Two calls; returns a dict rewarding both interactions."""
+
+    async def run(self, data, *, base_url, api_key, http_client=None):
+        from openai import AsyncOpenAI
+
+        async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as oai:
+            msgs = [{"role": "user", "content": "one"}]
+            r1 = await oai.chat.completions.create(model="m", messages=msgs)
+            msgs += [{"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "two"}]
+            r2 = await oai.chat.completions.create(model="m", messages=msgs)
+        return {r1.id: 0.5, r2.id: 2.0}
+
+
+class FlakyAgent:
+    """Raises for index 1, hangs for index 2, otherwise behaves."""
+
+    def __init__(self):
+        self.calls = 0
+
+    async def run(self, data, *, base_url, api_key, http_client=None):
+        self.calls += 1
+        n = self.calls
+        if n % 4 == 2:
+            raise RuntimeError("tool crashed")
+        if n % 4 == 3:
+            await asyncio.sleep(60)
+        return await ChatAgent().run(data, base_url=base_url, api_key=api_key)
+
+
+def test_check_result():
+    assert check_result(1) == 1.0 and check_result({"a": 1}) == {"a": 1.0}
+    for bad in (None, "1", True, {"a": "x"}):
+        with pytest.raises(AgentError):
+            check_result(bad)
+
+
+async def test_groups_rewards_and_exports(make_app, tokenizer):
+    engine = FakeEngine(tokenizer, script=lambda req: "the answer is 7" if len(engine.requests) % 2 else "no idea")
+    with ServerThread(make_app(engine)) as url:
+        async with GatewayClient(url, ADMIN_KEY) as client:
+            runner = RolloutRunner(client, ChatAgent(), group_size=4, concurrency=8)
+            groups = [g async for g in runner.groups([("g0", {"q": "?", "a": "7"}), ("g1", {"q": "?", "a": "7"})])]
+    assert sorted(g.group_id for g in groups) == ["g0", "g1"]
+    for g in groups:
+        assert len(g.ok) == 4
+        for e in g.episodes:
+            (s,) = e.samples
+            assert s["reward"] == e.reward and e.reward in (0.0, 1.0)
+            assert sum(s["loss_mask"]) > 0
+    rewards = sorted(e.reward for g in groups for e in g.episodes)
+    assert rewards == [0.0] * 4 + [1.0] * 4
+    assert runner.counters.completed == 8 and runner.counters.failed == 0
+
+
+async def test_dict_rewards_per_interaction(make_app, tokenizer):
+    with ServerThread(make_app(FakeEngine(tokenizer))) as url:
+        async with GatewayClient(url, ADMIN_KEY) as client:
+            runner = RolloutRunner(client, TwoTurnAgent(), group_size=1, export_style="individual")
+            (ep,) = (await runner.group("g", {})).episodes
+    assert ep.ok and ep.reward == 2.5
+    # discount 1.0 along the chain: the first turn gets 0.5 + 2.0
+    assert [s["reward"] for s in ep.samples] == [2.5, 2.0]
+
+
+async def test_failing_and_hanging_agents_lose_only_their_episode(make_app, tokenizer):
+    with ServerThread(make_app(FakeEngine(tokenizer, script=lambda r: "7"))) as url:
+        async with GatewayClient(url, ADMIN_KEY) as client:
+            runner = RolloutRunner(client, FlakyAgent(), group_size=4, concurrency=8, episode_timeout=1.0)
+            groups = [g async for g in runner.groups([("a", {"q": "?", "a": "7"}), ("b", {"q": "?", "a": "7"})])]
+            metrics = await client.metrics()
+    assert runner.counters.failed == 4 and runner.counters.timed_out == 2 and runner.counters.completed == 4
+    for g in groups:
+        assert len(g.ok) == 2
+        for e in g.episodes:
+            if not e.ok:
+                assert e.samples == [] and e.error
+    # the failed episodes' sessions were ended and discarded, not left open
+    assert metrics["open_sessions"] == 0
+
+
+async def test_allowance_admits_only_granted_episodes(make_app, tokenizer):
+    with ServerThread(make_app(FakeEngine(tokenizer), capacity_mode="granted")) as url:
+        async with GatewayClient(url, ADMIN_KEY) as client:
+            allowance = Allowance()
+            runner = RolloutRunner(client, ChatAgent(), group_size=2, allowance=allowance)
+            task = asyncio.create_task(runner.group("g", {"q": "?", "a": "x"}))
+            await asyncio.sleep(0.3)
+            assert runner.counters.started == 0 and not task.done()
+            await client.grant_capacity(2)
+            await allowance.grant(2)
+            group = await asyncio.wait_for(task, 10)
+    assert len(group.ok) == 2
+
+
+class EnvAgent:
+    """A blocking agent for subprocess mode: builds SDK clients from the environment only."""
+
+    def run(self, data, *, base_url, api_key, http_client=None):
+        import os
+
+        from openai import OpenAI
+
+        assert os.environ["OPENAI_BASE_URL"] == base_url.rstrip("/") + "/v1"
+        assert os.environ["ANTHROPIC_BASE_URL"] == base_url and os.environ["ANTHROPIC_API_KEY"] == api_key
+        client = OpenAI(max_retries=0)  # everything from OPENAI_BASE_URL / OPENAI_API_KEY
+        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        return float(len(r.choices[0].message.content or "") > 0)
+
+
+@pytest.mark.slow
+async def test_subprocess_mode_sets_the_environment(make_app, tokenizer):
+    with ServerThread(make_app(FakeEngine(tokenizer))) as url:
+        async with GatewayClient(url, ADMIN_KEY) as client:
+            runner = RolloutRunner(client, EnvAgent(), group_size=2, mode="subprocess", episode_timeout=60)
+            group = await runner.group("g", {})
+    assert [e.ok for e in group.episodes] == [True, True], [e.error for e in group.episodes]
+    assert [e.reward for e in group.episodes] == [1.0, 1.0]
