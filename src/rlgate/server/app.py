@@ -232,7 +232,9 @@ def _install_control_routes(app: FastAPI) -> None:
     def gw(request: Request) -> Gateway:
         return request.app.state.gateway
 
-    @app.post("/grant_capacity", tags=["control"])
+    @app.post("/grant_capacity", tags=["control"],
+              openapi_extra={"requestBody": {"required": False, "content": {"application/json": {
+                  "schema": GrantCapacityRequest.model_json_schema()}}}})
     async def grant_capacity(request: Request) -> dict[str, int]:
         """Admit one more session (the original), or ``{"count": n}`` more (rlgate extension)."""
         require_admin(request)
