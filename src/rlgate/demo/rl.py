@@ -41,23 +41,26 @@ from rlgate.demo.tasks import TASKS
 class DemoSettings:
     """Defaults tuned so that the demo fits in 10 minutes on 2 CPU cores."""
 
-    warm_start_steps: int = 70
+    warm_start_steps: int = 300  # at most; math stops once validation accuracy reaches the target
     warm_start_lr: float = 1e-3
+    warm_start_target: float | None = 0.65  # greedy accuracy on a validation split of the train items
     steps: int = 60
     group_size: int = 8
     groups_per_step: int = 8
-    lr: float = 3e-4
+    lr: float = 1e-4
+    scale_adv_by_std: bool = False
     max_tokens: int = 8
     concurrency: int = 64
     eval_every: int = 10
     eval_items: int = 200
+    eval_samples: int = 2  # samples per held-out question at T=1 (more: less noise)
     max_staleness: int = 0
 
     @classmethod
     def for_task(cls, task: str) -> DemoSettings:
         if task == "tools":
-            return cls(warm_start_steps=60, steps=40, group_size=6, groups_per_step=6, max_tokens=48,
-                       concurrency=36, eval_items=100)
+            return cls(warm_start_steps=60, warm_start_target=None, steps=40, group_size=6, groups_per_step=6,
+                       max_tokens=48, concurrency=36, eval_items=100)
         return cls()
 
 
@@ -115,7 +118,12 @@ def _plot(path: Path, history: list[dict[str, float]], evals: list[tuple[int, fl
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     steps = [h["step"] for h in history]
-    ax.plot(steps, [h["reward"] for h in history], label="train reward (T=1)", color="tab:blue", alpha=0.8)
+    rewards = [h["reward"] for h in history]
+    ax.plot(steps, rewards, label="train reward per step (T=1)", color="tab:blue", alpha=0.35)
+    window = 5
+    smooth = [sum(rewards[max(0, i - window + 1):i + 1]) / len(rewards[max(0, i - window + 1):i + 1])
+              for i in range(len(rewards))]
+    ax.plot(steps, smooth, label=f"train reward, {window}-step mean", color="tab:blue")
     ax.plot([s for s, _ in evals], [a for _, a in evals], "o-", label="held-out accuracy (T=1)",
             color="tab:orange")
     ax.set_xlabel("GRPO step")
@@ -150,8 +158,9 @@ async def _train(url: str, admin_key: str, model_dir: Path, out: Path, task: str
     heldout = split.heldout[: settings.eval_items]
 
     async def accuracy(temperature: float = 1.0) -> float:
-        """Fraction of held-out questions answered right by the policy (one sample each)."""
-        items = [{**d, "temperature": temperature} for d in heldout]
+        """Fraction of held-out questions answered right by the policy (mean over samples)."""
+        n = settings.eval_samples if temperature > 0 else 1
+        items = [{**d, "temperature": temperature} for d in heldout for _ in range(n)]
         episodes = await runner.evaluate(items, group_id="eval")
         return sum(e.reward or 0.0 for e in episodes) / len(episodes)
 
@@ -173,7 +182,7 @@ async def _train(url: str, admin_key: str, model_dir: Path, out: Path, task: str
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     config = GRPOConfig(lr=settings.lr, groups_per_step=settings.groups_per_step, max_staleness=settings.max_staleness,
-                        micro_batch_size=32, pad_token_id=0, device="cpu")
+                        scale_adv_by_std=settings.scale_adv_by_std, micro_batch_size=32, pad_token_id=0, device="cpu")
     trainer = GRPOTrainer(model, config)
     sync = RemoteSync(client, out / "sync", keep=1)
     all_samples: list[dict[str, Any]] = []
@@ -224,7 +233,7 @@ async def _train(url: str, admin_key: str, model_dir: Path, out: Path, task: str
     return {
         "accuracy_before": acc_before,  # held-out, policy sampled at T=1 (what GRPO optimises)
         "accuracy_after": acc_after,
-        "accuracy_metric": "fraction of held-out questions answered correctly, one sample at T=1",
+        "accuracy_metric": "fraction of held-out answers correct, sampled at T=1 (eval_samples per question)",
         "greedy_accuracy_before": greedy_before,
         "greedy_accuracy_after": greedy_after,
         "history": state.history,
@@ -243,7 +252,8 @@ async def _train(url: str, admin_key: str, model_dir: Path, out: Path, task: str
     }
 
 
-def run_demo(out: Path, *, task: str = "math", seed: int = 0, steps: int | None = None) -> int:
+def run_demo(out: Path, *, task: str = "math", seed: int = 0, steps: int | None = None,
+             overrides: dict[str, Any] | None = None) -> int:
     from rich.console import Console
 
     console = Console()
@@ -252,6 +262,8 @@ def run_demo(out: Path, *, task: str = "math", seed: int = 0, steps: int | None 
     settings = DemoSettings.for_task(task)
     if steps is not None:
         settings.steps = steps
+    for key, value in (overrides or {}).items():  # for tuning experiments
+        setattr(settings, key, value)
     console.rule(f"[bold]rlgate demo[/bold] — task {task!r}, seed {seed}")
     base = ensure_tiny_model(out)
     split = TASKS[task](seed=0)  # the same split for every seed
@@ -262,7 +274,9 @@ def run_demo(out: Path, *, task: str = "math", seed: int = 0, steps: int | None 
         tool = CALCULATOR_TOOL
     warm_dir = out / f"warm-start-{task}-seed{seed}"
     ws = warm_start(base, warm_dir, split.train, task=task, steps=settings.warm_start_steps, seed=seed,
-                    lr=settings.warm_start_lr, tool=tool, log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
+                    lr=settings.warm_start_lr, tool=tool, target_accuracy=settings.warm_start_target,
+                    validation=split.train[:200] if settings.warm_start_target is not None else None,
+                    log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
     admin_key = secrets.token_urlsafe(32)
     proc, url = _start_gateway(warm_dir, admin_key, out / "gateway.log")
     console.print(f"gateway on {url} (local engine, weights from {warm_dir.name})")

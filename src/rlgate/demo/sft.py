@@ -50,6 +50,30 @@ def tools_sequence(renderer: ChatRenderer, item: dict[str, Any], stop_id: int, t
     return ids, mask
 
 
+def greedy_accuracy(model: Any, renderer: ChatRenderer, items: list[dict[str, Any]], stop_ids: list[int]) -> float:
+    """Single-turn greedy accuracy (last number of the reply == answer), batched."""
+    import torch
+
+    from rlgate_examples.math_agent import math_reward
+
+    prompts = [renderer.render_ids([Message.of("user", it["question"])]) for it in items]
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):  # left padding
+        ids[i, width - len(p):] = torch.tensor(p)
+        att[i, width - len(p):] = 1
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=att, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                             eos_token_id=stop_ids)
+    model.train(was_training)
+    texts = [renderer.tokenizer.decode([t for t in out[i, width:].tolist() if t not in stop_ids],
+                                       skip_special_tokens=True) for i in range(len(items))]
+    return sum(math_reward(t, it["answer"]) for t, it in zip(texts, items)) / len(items)
+
+
 def warm_start(
     base_model: Path,
     out: Path,
@@ -61,16 +85,27 @@ def warm_start(
     lr: float = 1e-3,
     batch_size: int = 64,
     tool: dict[str, Any] | None = None,
+    target_accuracy: float | None = None,
+    validation: list[dict[str, Any]] | None = None,
+    check_every: int = 10,
+    min_steps: int = 40,
     log: Any = print,
 ) -> dict[str, Any]:
-    """Fine-tune ``base_model`` on ``items`` for ``steps`` steps into ``out`` (cached)."""
+    """Fine-tune ``base_model`` on ``items`` into ``out`` (cached).
+
+    Runs ``steps`` steps, or — with ``target_accuracy`` and ``validation`` items (single
+    turn tasks) — stops at the first check (every ``check_every`` steps, from
+    ``min_steps``) where greedy accuracy on ``validation`` reaches the target: the model
+    is left knowing the format and part of the skill, for RL to improve.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
     from rlgate.model import load_tokenizer, stop_token_ids
 
     settings = {"task": task, "steps": steps, "seed": seed, "lr": lr, "batch_size": batch_size,
-                "n_items": len(items)}
+                "n_items": len(items), "target_accuracy": target_accuracy,
+                "n_validation": len(validation or []), "check_every": check_every, "min_steps": min_steps}
     marker = out / "warm_start.json"
     if marker.is_file():
         cached = json.loads(marker.read_text())
@@ -79,7 +114,8 @@ def warm_start(
             return cached
     tokenizer = load_tokenizer(base_model)
     renderer = ChatRenderer(tokenizer)
-    stop = stop_token_ids(tokenizer, base_model)[0]
+    stops = stop_token_ids(tokenizer, base_model)
+    stop = stops[0]
     if task == "tools":
         assert tool is not None
         seqs = [tools_sequence(renderer, it, stop, tool) for it in items]
@@ -92,6 +128,8 @@ def warm_start(
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     t0 = time.perf_counter()
     loss_value = float("nan")
+    val_accuracy = None
+    done_steps = 0
     for step in range(1, steps + 1):
         batch = rng.sample(seqs, min(batch_size, len(seqs)))
         width = max(len(ids) for ids, _ in batch)
@@ -110,7 +148,13 @@ def warm_start(
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss_value = float(loss.detach())
-        if step % 25 == 0 or step == steps:
+        done_steps = step
+        if target_accuracy is not None and validation and step >= min_steps and step % check_every == 0:
+            val_accuracy = greedy_accuracy(model, renderer, validation, stops)
+            log(f"warm start: step {step} loss {loss_value:.3f} validation accuracy {val_accuracy:.1%}")
+            if val_accuracy >= target_accuracy:
+                break
+        elif target_accuracy is None and (step % 25 == 0 or step == steps):
             log(f"warm start: step {step}/{steps} loss {loss_value:.3f}")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -120,6 +164,7 @@ def warm_start(
     for name in ("generation_config.json",):
         if (base_model / name).is_file():
             shutil.copy(base_model / name, out / name)
-    result = {"settings": settings, "final_loss": loss_value, "seconds": time.perf_counter() - t0}
+    result = {"settings": settings, "steps_run": done_steps, "final_loss": loss_value,
+              "validation_accuracy": val_accuracy, "seconds": time.perf_counter() - t0}
     marker.write_text(json.dumps(result, indent=1))
     return result

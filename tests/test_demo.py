@@ -1,0 +1,97 @@
+"""Pieces of the demo: synthetic task splits, warm-start sequences, warm-start caching."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlgate.chat.render import ChatRenderer
+from rlgate.demo.sft import math_sequence, tools_sequence, warm_start
+from rlgate.demo.tasks import TASKS
+
+
+@pytest.mark.parametrize("task", ["math", "tools"])
+def test_task_splits_are_disjoint_and_deterministic(task):
+    a, b = TASKS[task](seed=0), TASKS[task](seed=0)
+    assert a.heldout == b.heldout and a.train[:50] == b.train[:50]
+    assert len(a.heldout) == 200
+    held = {d["question"] for d in a.heldout}
+    assert not held & {d["question"] for d in a.train}
+    for d in a.heldout[:50]:
+        nums = [int(x) for x in d["question"].rstrip("?").replace(",", "").split() if x.isdigit()]
+        if task == "math":
+            expected = max(nums) if "larger" in d["question"] else min(nums)
+        else:
+            expected = nums[0] + nums[1] if "+" in d["question"] else nums[0] - nums[1]
+        assert d["answer"] == str(expected)
+
+
+def test_math_sequence_trains_only_the_answer(tokenizer, stop_ids):
+    renderer = ChatRenderer(tokenizer)
+    item = TASKS["math"](seed=0).train[0]
+    ids, mask = math_sequence(renderer, item, stop_ids[0])
+    trained = [t for t, m in zip(ids, mask) if m]
+    assert trained[-1] == stop_ids[0]
+    assert tokenizer.decode(trained[:-1]) == item["answer"]
+    assert ids[: mask.index(1)] == renderer.render_ids([_user(item["question"])])
+
+
+def test_tools_sequence_is_the_conversation_the_gateway_renders(tokenizer, stop_ids):
+    from rlgate_examples.calculator_agent import CALCULATOR_TOOL
+
+    renderer = ChatRenderer(tokenizer)
+    item = TASKS["tools"](seed=0).train[0]
+    ids, mask = tools_sequence(renderer, item, stop_ids[0], CALCULATOR_TOOL)
+    # two trained spans: the tool call, then the answer, each ending in the stop token
+    spans, cur = [], []
+    for t, m in zip(ids, mask):
+        if m:
+            cur.append(t)
+        elif cur:
+            spans.append(cur)
+            cur = []
+    spans.append(cur)
+    assert len(spans) == 2 and all(s[-1] == stop_ids[0] for s in spans)
+    call = tokenizer.decode(spans[0][:-1])
+    assert "<tool_call>" in call and json.dumps(item["expression"]) in call
+    assert tokenizer.decode(spans[1][:-1]) == item["answer"]
+    # the tool result sits in the untrained bridge between the two spans
+    bridge_text = tokenizer.decode([t for t, m in zip(ids, mask) if not m])
+    assert item["answer"] in bridge_text and item["question"] in bridge_text
+
+
+def test_warm_start_writes_a_checkpoint_and_caches_it(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    items = TASKS["math"](seed=0).train[:64]
+    out = tmp_path / "ws"
+    logs: list[str] = []
+    first = warm_start(tiny_model_dir, out, items, task="math", steps=2, seed=0, batch_size=8, log=logs.append)
+    assert first["steps_run"] == 2 and first["final_loss"] == first["final_loss"]  # not NaN
+    model = AutoModelForCausalLM.from_pretrained(out)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    changed = any((p - q).abs().max() > 0 for p, q in zip(model.parameters(), base.parameters()))
+    assert changed
+    assert (out / "tokenizer.json").is_file()
+    mtime = (out / "model.safetensors").stat().st_mtime_ns
+    again = warm_start(tiny_model_dir, out, items, task="math", steps=2, seed=0, batch_size=8, log=logs.append)
+    assert again == first and "cached" in logs[-1]
+    assert (out / "model.safetensors").stat().st_mtime_ns == mtime
+    # other settings are not served from the cache
+    third = warm_start(tiny_model_dir, out, items, task="math", steps=3, seed=0, batch_size=8, log=logs.append)
+    assert third["steps_run"] == 3
+
+
+def test_warm_start_stops_early_at_the_target(tiny_model_dir, tmp_path):
+    items = TASKS["math"](seed=0).train[:64]
+    # a target of 0 is met at the first check
+    res = warm_start(tiny_model_dir, tmp_path / "ws", items, task="math", steps=50, seed=0, batch_size=8,
+                     target_accuracy=0.0, validation=items[:8], check_every=2, min_steps=2, log=lambda m: None)
+    assert res["steps_run"] == 2 and res["validation_accuracy"] is not None
+
+
+def _user(text):
+    from rlgate.chat.conversation import Message
+
+    return Message.of("user", text)
