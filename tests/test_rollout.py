@@ -144,3 +144,63 @@ async def test_subprocess_mode_sets_the_environment(make_app, tokenizer):
             group = await runner.group("g", {})
     assert [e.ok for e in group.episodes] == [True, True], [e.error for e in group.episodes]
     assert [e.reward for e in group.episodes] == [1.0, 1.0]
+
+
+class SleepyAgent:
+    """Subprocess agent: one call, then sleeps ``data["sleep"]`` seconds; or dies without reporting."""
+
+    def run(self, data, *, base_url, api_key, http_client=None):
+        import os
+        import time
+
+        from openai import OpenAI
+
+        if data.get("die"):
+            os._exit(3)
+        OpenAI(max_retries=0).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        time.sleep(data["sleep"])
+        return 1.0
+
+
+@pytest.mark.slow
+async def test_subprocess_waits_scale_past_the_thread_pool_and_timeouts_kill(make_app, tokenizer):
+    """More waiting subprocess episodes than the default thread pool has workers (min(32,
+    cpus+4)): none may time out spuriously; a hung one is killed; a dead one is reported."""
+    with ServerThread(make_app(FakeEngine(tokenizer))) as url:
+        async with GatewayClient(url, ADMIN_KEY) as client:
+            runner = RolloutRunner(client, SleepyAgent(), group_size=12, concurrency=16, mode="subprocess",
+                                   episode_timeout=30)
+            ok, hung, dead = await asyncio.gather(
+                runner.group("ok", {"sleep": 2.0}),
+                RolloutRunner(client, SleepyAgent(), group_size=1, mode="subprocess", episode_timeout=2).group(
+                    "hung", {"sleep": 120}),
+                RolloutRunner(client, SleepyAgent(), group_size=1, mode="subprocess", episode_timeout=30).group(
+                    "dead", {"die": True}),
+            )
+            metrics = await client.metrics()
+    assert [e.ok for e in ok.episodes] == [True] * 12, [e.error for e in ok.episodes]
+    assert not hung.episodes[0].ok and "timed out" in hung.episodes[0].error
+    assert hung.episodes[0].seconds < 20
+    assert not dead.episodes[0].ok and "exit code 3" in dead.episodes[0].error
+    assert metrics["open_sessions"] == 0
+
+
+async def test_any_episode_error_loses_only_that_episode(make_app, tokenizer):
+    """Not only agent errors: an agent factory that raises is one failed episode too."""
+    calls = {"n": 0}
+
+    def factory(group_id, data):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyError("no agent for this prompt")
+        return ChatAgent()
+
+    with ServerThread(make_app(FakeEngine(tokenizer, script=lambda r: "7"))) as url:
+        async with GatewayClient(url, ADMIN_KEY) as client:
+            runner = RolloutRunner(client, factory, group_size=3, concurrency=1)
+            group = await runner.group("g", {"q": "?", "a": "7"})
+            metrics = await client.metrics()
+    assert [e.ok for e in group.episodes].count(False) == 1
+    failed = next(e for e in group.episodes if not e.ok)
+    assert "KeyError" in failed.error and runner.counters.failed == 1
+    assert metrics["open_sessions"] == 0

@@ -199,3 +199,45 @@ async def test_remote_sync_through_update_weights_route(tiny_model_dir, tmp_path
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_filter_group_leaves_out_unrewarded_samples():
+    a, b = _episode("g", 0, [1]), _episode("g", 1, [1])
+    b.samples.append({"versions": [-1, 1], "loss_mask": [0, 1], "reward": None})  # a side request
+    stats = StepStats()
+    samples, _ = filter_group(Group("g", {}, [a, b]), version=1, max_staleness=0, stats=stats)
+    assert len(samples) == 2 and all(s["reward"] is not None for s in samples) and stats.unrewarded == 1
+    # a group with nothing rewarded is dropped, not trained on as reward 0
+    c, d = _episode("g", 0, [1], reward=None), _episode("g", 1, [1], reward=None)
+    stats = StepStats()
+    assert filter_group(Group("g", {}, [c, d]), version=1, max_staleness=0, stats=stats) == ([], [])
+    assert stats.dropped_groups == 1 and stats.kept_groups == 0
+
+
+def test_samples_from_version_zero_count_as_stale(tiny_model_dir):
+    """Version 0 is a real version (the initial weights), not 'unknown'."""
+    model = _fresh_model(tiny_model_dir)
+    trainer = GRPOTrainer(model, GRPOConfig(lr=1e-4, device="cpu", max_staleness=1))
+
+    def sample(version, reward):
+        return {"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1], "logprobs": [0.0, 0.0, -3.0, -3.0],
+                "versions": [-1, -1, version, version], "reward": reward}
+
+    m = trainer.step([sample(0, 1.0), sample(0, 0.0), sample(1, 1.0)], ["g", "g", "g"], current_version=1)
+    assert m["stale_samples"] == 2
+    m = trainer.step([sample(0, 1.0), sample(0, 0.0)], ["g", "g"], current_version=0)
+    assert m["stale_samples"] == 0
+
+
+async def test_loop_raises_instead_of_hanging_when_prompts_run_out(tiny_model_dir, make_app):
+    from rlgate.engine.local import LocalEngine
+
+    engine = LocalEngine(tiny_model_dir)
+    with ServerThread(make_app(engine, capacity_mode="granted")) as url:
+        async with GatewayClient(url, ADMIN_KEY) as client:
+            runner = RolloutRunner(client, LengthAgent(), group_size=2)
+            trainer = GRPOTrainer(_fresh_model(tiny_model_dir), GRPOConfig(lr=1e-4, groups_per_step=2, device="cpu"))
+            one_prompt = iter([("p-0", {"q": "hi"})])
+            with pytest.raises(RuntimeError, match="ran out"):
+                await asyncio.wait_for(grpo_loop(trainer=trainer, runner=runner, sync=ColocatedSync(engine),
+                                                 prompts=one_prompt, steps=1), 60)

@@ -220,7 +220,8 @@ async def _train(url: str, admin_key: str, model_dir: Path, out: Path, task: str
                   f"{greedy_after:.1%} greedy ({greedy_after - greedy_before:+.1%})")
     final = out / "final"
     model.save_pretrained(final)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                 "generation_config.json"):
         if (model_dir / name).is_file():
             shutil.copy(model_dir / name, final / name)
     write_parquet(all_samples, out / "trajectories.parquet")
@@ -245,7 +246,7 @@ async def _train(url: str, admin_key: str, model_dir: Path, out: Path, task: str
         "train_seconds": train_s,
         "rollout_fraction": rollout_s / max(rollout_s + train_s, 1e-9),
         "episodes": int(sum(h["episodes"] for h in state.history)),
-        "failed_episodes": runner.counters.failed,
+        "failed_episodes": int(sum(h["failed_episodes"] for h in state.history)),  # training episodes only
         "generated_tokens": int(sum(h["generated_tokens"] for h in state.history)),
         "samples": len(all_samples),
         "gateway_metrics": metrics,
@@ -273,9 +274,12 @@ def run_demo(out: Path, *, task: str = "math", seed: int = 0, steps: int | None 
 
         tool = CALCULATOR_TOOL
     warm_dir = out / f"warm-start-{task}-seed{seed}"
-    ws = warm_start(base, warm_dir, split.train, task=task, steps=settings.warm_start_steps, seed=seed,
+    # early stopping looks at items the warm start does not train on (and that are not held out)
+    validation = split.train[:200] if settings.warm_start_target is not None else []
+    sft_items = split.train[len(validation):]
+    ws = warm_start(base, warm_dir, sft_items, task=task, steps=settings.warm_start_steps, seed=seed,
                     lr=settings.warm_start_lr, tool=tool, target_accuracy=settings.warm_start_target,
-                    validation=split.train[:200] if settings.warm_start_target is not None else None,
+                    validation=validation or None,
                     log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
     admin_key = secrets.token_urlsafe(32)
     proc, url = _start_gateway(warm_dir, admin_key, out / "gateway.log")

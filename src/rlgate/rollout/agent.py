@@ -100,13 +100,22 @@ async def run_subprocess(agent: Any, data: dict[str, Any], *, base_url: str, api
     proc.start()
     child.close()
     loop = asyncio.get_running_loop()
+    # Wait on the pipe in the event loop (no thread per waiting episode): it becomes
+    # readable when the child sends its result, or at EOF when the child dies.
+    readable = loop.create_future()
+    fd = parent.fileno()
+    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
     try:
-        ready = await asyncio.wait_for(loop.run_in_executor(None, parent.poll, timeout), timeout + 5)
-        if not ready:
-            raise AgentError(f"agent timed out after {timeout:.0f} s (subprocess killed)")
+        try:
+            await asyncio.wait_for(readable, timeout)
+        except TimeoutError as exc:
+            raise AgentError(f"agent timed out after {timeout:.0f} s (subprocess killed)") from exc
+        finally:
+            loop.remove_reader(fd)
         try:
             status, value = parent.recv()
         except EOFError as exc:
+            proc.join(1)
             raise AgentError(f"agent process died (exit code {proc.exitcode})") from exc
         if status != "ok":
             raise AgentError(f"agent raised {value}")
@@ -114,5 +123,9 @@ async def run_subprocess(agent: Any, data: dict[str, Any], *, base_url: str, api
     finally:
         if proc.is_alive():
             proc.kill()
-        await loop.run_in_executor(None, proc.join, 5)
+        for _ in range(500):  # reap without blocking the loop (at most ~5 s)
+            if not proc.is_alive():
+                break
+            await asyncio.sleep(0.01)
+        proc.join(0)
         parent.close()

@@ -191,8 +191,9 @@ class RolloutRunner:
                 export = await session.export(style=self.export_style, discount=self.discount)
                 ep.samples, ep.stats, ep.ok = export["interactions"], export["stats"], True
                 self.counters.completed += 1
-            except (AgentError, GatewayClientError) as exc:
-                ep.error = str(exc)
+            except Exception as exc:  # noqa: BLE001 - a failure loses only this episode (cancellation propagates)
+                ep.error = str(exc) if isinstance(exc, (AgentError, GatewayClientError)) else (
+                    f"{type(exc).__name__}: {exc}")
                 if "timed out" in ep.error:
                     self.counters.timed_out += 1
                 self.counters.failed += 1
@@ -209,7 +210,7 @@ class RolloutRunner:
         try:
             await session.end()
             await session.export()
-        except GatewayClientError:
+        except Exception:  # noqa: BLE001 - best effort; the gateway's sweeper retires it otherwise
             pass
 
     # ------------------------------------------------------------------ groups

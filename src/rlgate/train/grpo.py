@@ -19,8 +19,13 @@ Departures from textbook GRPO:
 * loss normalisation is per token over the whole step (sum of token losses / number of
   generated tokens in the step, DAPO-style), not per sequence then per group;
 * advantages are only mean-centred by default (no std scaling, as in Dr. GRPO);
-* one optimiser update per batch by default; then the PPO ratio is ~1 and the clip only
-  matters for stale samples or ``minibatches > 1``;
+* one optimiser update per batch by default; then the ratio to the proximal policy is
+  ~1 and the clip only binds with ``minibatches > 1`` (stale samples are corrected by the
+  capped importance weight pi_prox / pi_behav, not by the clip);
+* samples without a reward (e.g. a side request off the rewarded branch) are left out of
+  the step and counted, not trained on as reward 0;
+* the policy runs with dropout off (``eval()`` mode, gradients still flow), so for
+  on-policy samples the recomputed logprobs match the recorded ones;
 * samples are whatever the gateway exported: ``individual`` (one per LLM call) or
   ``concat`` (one per conversation branch with loss on every generated segment).
 """
@@ -78,6 +83,7 @@ class StepStats:
     kept_groups: int = 0
     dropped_stale: int = 0  # samples dropped for being too stale
     dropped_groups: int = 0  # groups left with < 2 episodes
+    unrewarded: int = 0  # samples without a reward (left out)
     failed_episodes: int = 0
     episode_rewards: list[float] = field(default_factory=list)
     generated_tokens: int = 0
@@ -86,14 +92,17 @@ class StepStats:
 class GRPOTrainer:
     """Owns the policy being trained, its optimiser and an optional frozen reference."""
 
-    def __init__(self, model: Any, config: GRPOConfig) -> None:
+    def __init__(self, model: Any, config: GRPOConfig, ref_model: Any = None) -> None:
+        """``ref_model``: the frozen KL reference (default: a copy of ``model`` as given)."""
         self.config = config
         self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = model.to(self.device)
-        self.model.train()
+        # Dropout off: the trainer's logprobs must be those of the policy that sampled
+        # (eval() changes no gradient flow; it only disables stochastic layers).
+        self.model.eval()
         self.ref_model = None
         if config.kl_coef > 0:
-            self.ref_model = copy.deepcopy(model).to(self.device).eval()
+            self.ref_model = (ref_model if ref_model is not None else copy.deepcopy(model)).to(self.device).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
@@ -112,7 +121,8 @@ class GRPOTrainer:
         rewards = [0.0 if s.get("reward") is None else float(s["reward"]) for s in samples]
         advantages = group_advantages(rewards, group_ids, scale_by_std=cfg.scale_adv_by_std)
         temps = torch.tensor([float(s.get("sampling", {}).get("temperature", 1.0)) for s in samples])
-        stale = torch.tensor([(sample_min_version(s) or current_version) < current_version for s in samples])
+        oldest = [sample_min_version(s) for s in samples]
+        stale = torch.tensor([v is not None and v < current_version for v in oldest])
         batch = to_padded_tensors(samples, pad_token_id=cfg.pad_token_id)
         batch = {k: v.to(self.device) for k, v in batch.items()}
         total_tokens = int(batch["loss_mask"].sum())
@@ -151,7 +161,8 @@ class GRPOTrainer:
                 if ref_all is not None:
                     kl = kl_penalty(logp, ref_all[mb], mask, num_tokens=max(update_tokens, 1))
                     loss = loss + cfg.kl_coef * kl
-                    metrics["kl_ref"] += float(kl) * float(mask.sum()) / max(total_tokens, 1)
+                    # kl is already this micro-batch's share of the update's token mean
+                    metrics["kl_ref"] += float(kl) * max(update_tokens, 1) / max(total_tokens, 1)
                 loss.backward()
                 w = float(mask.sum()) / max(total_tokens, 1)
                 metrics["loss"] += float(loss.detach())  # micro-batch losses sum to the update's loss
@@ -211,18 +222,41 @@ def filter_group(group: Group, version: int, max_staleness: int, stats: StepStat
             stats.dropped_stale += len(e.samples)
             continue
         episodes.append(e)
-    if len(episodes) < 2:
+    samples, gids, rewards, unrewarded, tokens = [], [], [], 0, 0
+    for e in episodes:
+        rewards.append(e.reward or 0.0)
+        tokens += e.generated_tokens
+        for s in e.samples:
+            if s.get("reward") is None:  # not on a rewarded branch: no signal to learn from
+                unrewarded += 1
+                continue
+            samples.append(s)
+            gids.append(group.group_id)
+    stats.unrewarded += unrewarded
+    if len(episodes) < 2 or not samples:
         stats.dropped_groups += 1
         return [], []
     stats.kept_groups += 1
-    samples, gids = [], []
-    for e in episodes:
-        stats.episode_rewards.append(e.reward or 0.0)
-        stats.generated_tokens += e.generated_tokens
-        for s in e.samples:
-            samples.append(s)
-            gids.append(group.group_id)
+    stats.episode_rewards += rewards
+    stats.generated_tokens += tokens
     return samples, gids
+
+
+async def _next_group(queue: asyncio.Queue[Group], producer: asyncio.Task[None]) -> Group:
+    """The next finished group; raises if the producer died (or ran out) instead of hanging."""
+    if not queue.empty():
+        return queue.get_nowait()
+    getter = asyncio.ensure_future(queue.get())
+    try:
+        await asyncio.wait({getter, producer}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        getter.cancel()
+        raise
+    if getter.done():
+        return getter.result()
+    getter.cancel()
+    producer.result()  # surfaces the producer's error
+    raise RuntimeError("the prompt iterator ran out before the step was complete")
 
 
 async def grpo_loop(
@@ -267,14 +301,12 @@ async def grpo_loop(
             samples: list[dict[str, Any]] = []
             group_ids: list[str] = []
             while stats.kept_groups < cfg.groups_per_step:
-                if producer.done() and queue.empty():
-                    producer.result()  # surface an error of the producer
-                    raise RuntimeError("the prompt iterator ran out before the step was complete")
-                group = await queue.get()
+                group = await _next_group(queue, producer)
                 s, g = filter_group(group, state.version, cfg.max_staleness, stats)
                 samples += s
                 group_ids += g
-                replace = sum(1 for e in group.episodes if not e.ok) + (runner.group_size if not s else 0)
+                # a dropped group is replaced whole; otherwise only its failed episodes
+                replace = runner.group_size if not s else sum(1 for e in group.episodes if not e.ok)
                 if replace:  # dropped episodes do not count against the allowance
                     await runner.client.grant_capacity(replace)
                     await allowance.grant(replace)
@@ -299,6 +331,7 @@ async def grpo_loop(
                 "failed_episodes": float(stats.failed_episodes),
                 "dropped_stale_samples": float(stats.dropped_stale),
                 "dropped_groups": float(stats.dropped_groups),
+                "unrewarded_samples": float(stats.unrewarded),
                 "generated_tokens": float(stats.generated_tokens),
                 "rollout_s": t_rollout, "train_s": t_train, "sync_s": t_sync,
                 "step_s": time.perf_counter() - t0,

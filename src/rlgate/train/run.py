@@ -164,13 +164,18 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
 
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    saved_cfg = cfg.model_dump(mode="json")
+    if saved_cfg["gateway"].get("admin_key"):
+        saved_cfg["gateway"]["admin_key"] = "<redacted>"  # keys are never written out
+    (out / "config.yaml").write_text(yaml.safe_dump(saved_cfg, sort_keys=False))
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     ckpt = latest_checkpoint(out) if cfg.resume else None
     weights = ckpt or Path(cfg.model)
     model = AutoModelForCausalLM.from_pretrained(weights)
-    trainer = GRPOTrainer(model, cfg.grpo)
+    # the KL reference is the starting model, also when resuming from a checkpoint
+    ref = AutoModelForCausalLM.from_pretrained(cfg.model) if ckpt is not None and cfg.grpo.kl_coef > 0 else None
+    trainer = GRPOTrainer(model, cfg.grpo, ref_model=ref)
     state = LoopState()
     if ckpt is not None:
         saved = torch.load(ckpt / "trainer_state.pt", weights_only=False)
