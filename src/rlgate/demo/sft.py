@@ -50,28 +50,60 @@ def tools_sequence(renderer: ChatRenderer, item: dict[str, Any], stop_id: int, t
     return ids, mask
 
 
-def greedy_accuracy(model: Any, renderer: ChatRenderer, items: list[dict[str, Any]], stop_ids: list[int]) -> float:
-    """Single-turn greedy accuracy (last number of the reply == answer), batched."""
+def greedy_texts(model: Any, renderer: ChatRenderer, prompts: list[list[int]], stop_ids: list[int],
+                 max_new_tokens: int = 6, batch_size: int = 64) -> list[str]:
+    """Greedy continuations of token-id prompts (left-padded batches), stop tokens removed."""
     import torch
 
+    texts: list[str] = []
+    was_training = model.training
+    model.eval()
+    for b in range(0, len(prompts), batch_size):
+        chunk = prompts[b:b + batch_size]
+        width = max(len(p) for p in chunk)
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        att = torch.zeros_like(ids)
+        for i, p in enumerate(chunk):  # left padding
+            ids[i, width - len(p):] = torch.tensor(p)
+            att[i, width - len(p):] = 1
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=att, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=0, eos_token_id=stop_ids)
+        texts += [renderer.tokenizer.decode([t for t in out[i, width:].tolist() if t not in stop_ids],
+                                            skip_special_tokens=True) for i in range(len(chunk))]
+    model.train(was_training)
+    return texts
+
+
+def greedy_accuracy(model: Any, renderer: ChatRenderer, items: list[dict[str, Any]], stop_ids: list[int]) -> float:
+    """Single-turn greedy accuracy (last number of the reply == answer), batched."""
     from rlgate_examples.math_agent import math_reward
 
     prompts = [renderer.render_ids([Message.of("user", it["question"])]) for it in items]
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    att = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):  # left padding
-        ids[i, width - len(p):] = torch.tensor(p)
-        att[i, width - len(p):] = 1
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=att, max_new_tokens=6, do_sample=False, pad_token_id=0,
-                             eos_token_id=stop_ids)
-    model.train(was_training)
-    texts = [renderer.tokenizer.decode([t for t in out[i, width:].tolist() if t not in stop_ids],
-                                       skip_special_tokens=True) for i in range(len(items))]
+    texts = greedy_texts(model, renderer, prompts, stop_ids, batch_size=len(prompts))
     return sum(math_reward(t, it["answer"]) for t, it in zip(texts, items)) / len(items)
+
+
+def tools_greedy_accuracy(model: Any, renderer: ChatRenderer, items: list[dict[str, Any]], stop_ids: list[int],
+                          tool: dict[str, Any]) -> float:
+    """Greedy accuracy of both steps of the tool task, each teacher-forced: the first reply
+    calls the tool with the right expression, and the answer after the (true) tool result
+    is right. An item counts when both are."""
+    from rlgate_examples.math_agent import math_reward
+
+    fn = tool["function"]
+    tools = [ToolSpec(fn["name"], fn.get("description"), fn["parameters"])]
+    first = [renderer.render_ids([Message.of("user", it["question"])], tools) for it in items]
+    calls = greedy_texts(model, renderer, first, stop_ids, max_new_tokens=40)
+    second = []
+    for it in items:
+        ids, mask = tools_sequence(renderer, it, stop_ids[0], tool)
+        last_start = len(mask) - mask[::-1].index(0)  # the answer span starts after the last untrained token
+        second.append(ids[:last_start])
+    answers = greedy_texts(model, renderer, second, stop_ids)
+    ok = [json.dumps(it["expression"]) in call and bool(math_reward(ans, it["answer"]))
+          for it, call, ans in zip(items, calls, answers)]
+    return sum(ok) / len(items)
 
 
 def warm_start(
@@ -93,8 +125,8 @@ def warm_start(
 ) -> dict[str, Any]:
     """Fine-tune ``base_model`` on ``items`` into ``out`` (cached).
 
-    Runs ``steps`` steps, or — with ``target_accuracy`` and ``validation`` items (single
-    turn tasks) — stops at the first check (every ``check_every`` steps, from
+    Runs ``steps`` steps, or — with ``target_accuracy`` and ``validation`` items — stops
+    at the first check (every ``check_every`` steps, from
     ``min_steps``) where greedy accuracy on ``validation`` reaches the target: the model
     is left knowing the format and part of the skill, for RL to improve.
     """
@@ -150,7 +182,8 @@ def warm_start(
         loss_value = float(loss.detach())
         done_steps = step
         if target_accuracy is not None and validation and step >= min_steps and step % check_every == 0:
-            val_accuracy = greedy_accuracy(model, renderer, validation, stops)
+            val_accuracy = (tools_greedy_accuracy(model, renderer, validation, stops, tool) if task == "tools"
+                            else greedy_accuracy(model, renderer, validation, stops))
             log(f"warm start: step {step} loss {loss_value:.3f} validation accuracy {val_accuracy:.1%}")
             if val_accuracy >= target_accuracy:
                 break
