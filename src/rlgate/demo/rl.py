@@ -65,7 +65,7 @@ class DemoSettings:
     @classmethod
     def for_task(cls, task: str) -> DemoSettings:
         if task == "tools":
-            return cls(warm_start_steps=400, warm_start_target=0.5, warm_start_batch=32, validation_items=64,
+            return cls(warm_start_steps=300, warm_start_target=0.5, warm_start_batch=32, validation_items=64,
                        check_every=25, steps=40, group_size=6, groups_per_step=6, max_tokens=48, concurrency=36,
                        eval_items=100, eval_samples=1, final_eval_samples=2)
         return cls()
