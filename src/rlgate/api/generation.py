@@ -24,7 +24,7 @@ from typing import Any
 
 from rlgate.api.errors import ContextLengthExceeded, InvalidRequest, Unavailable, UpstreamError
 from rlgate.chat.conversation import Message, ToolSpec, tools_digest
-from rlgate.chat.output import OutputAssembler, OutputEvent, openai_call_id
+from rlgate.chat.output import ContentDelta, OutputAssembler, OutputEvent, ReasoningDelta, openai_call_id
 from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser
 from rlgate.chat.render import BridgeError, ChatRenderer, TemplateError
 from rlgate.config import GatewayConfig
@@ -252,14 +252,18 @@ class GenerationService:
         p.session.in_flight += 1
         try:
             async for delta in stream:
+                events: list[Any] = []
                 for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions, strict=True):
                     ids.append(tok)
                     logprobs.append(lp)
                     versions.append(ver)
-                    for ev in assembler.push(tok):
-                        yield ev
+                    events.extend(assembler.push(tok))
                     if assembler.stopped:
                         break
+                # Tokens that arrived together (the client fell behind the engine) go out as
+                # one text delta each instead of one per token: fewer frames when backlogged.
+                for ev in merge_text_deltas(events):
+                    yield ev
                 if delta.finish_reason is not None:
                     engine_finish = delta.finish_reason
                 if assembler.stopped:
@@ -356,3 +360,14 @@ async def _close_quietly(stream: Any) -> None:
 
 def now() -> int:
     return int(time.time())
+
+
+def merge_text_deltas(events: list[Any]) -> list[Any]:
+    """Adjacent content (or reasoning) deltas joined; every other event kept in place."""
+    out: list[Any] = []
+    for ev in events:
+        if out and type(ev) is type(out[-1]) and isinstance(ev, (ContentDelta, ReasoningDelta)):
+            out[-1] = type(ev)(out[-1].text + ev.text)
+        else:
+            out.append(ev)
+    return out
