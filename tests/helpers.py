@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import time
+
+import httpx
+
 ADMIN_KEY = "test-admin-key-0123456789abcdefghijklmnop"
 
 
@@ -17,3 +23,25 @@ async def start_session(client, task_id: str = "task", **body) -> tuple[str, str
     r = await client.post("/rl/start_session", json={"task_id": task_id, **body}, headers=admin_headers())
     assert r.status_code == 200, r.text
     return r.json()["session_id"], r.json()["api_key"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Poll ``url/health`` until 200; fail early (with its output, if piped) when ``proc`` exits."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise RuntimeError(f"{url}: the server exited early with {proc.returncode}:\n{out}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not become healthy")

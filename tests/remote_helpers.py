@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
+from helpers import free_port, wait_healthy
 
 KINDS = ("local", "sglang", "vllm")
 REMOTE_KINDS = ("sglang", "vllm")
@@ -59,25 +57,8 @@ def serve_remotely(stack: contextlib.ExitStack, kind: str, engine: Any, tokenize
 # --------------------------------------------------------------------------- subprocesses
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            out = proc.stdout.read() if proc.stdout else ""
-            raise RuntimeError(f"{url}: the server exited early:\n{out}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not become healthy")
 
 
 def start_fake_backend(kind: str, model_dir: Path | str, *extra: str, port: int | None = None

@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -16,29 +15,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import ADMIN_KEY
+from helpers import ADMIN_KEY, free_port, wait_healthy
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError("server did not become healthy")
 
 
 def serve(model: Path, store: Path, log: Path, *extra: str) -> tuple[subprocess.Popen, str]:

@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
-from helpers import ADMIN_KEY
+from helpers import ADMIN_KEY, free_port, wait_healthy
 from openai import AsyncOpenAI
 from remote_helpers import KINDS, start_fake_backend
 from remote_helpers import stop as stop_process
@@ -24,24 +22,8 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]}}}]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early: {proc.stdout.read() if proc.stdout else ''}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError("server did not become healthy")
 
 
 @pytest.fixture(scope="module", params=KINDS)

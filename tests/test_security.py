@@ -95,7 +95,7 @@ def test_keys_never_appear_in_logs_in_process(make_app, caplog):
 @pytest.mark.slow
 def test_keys_never_appear_in_logs_of_rlgate_serve(tiny_model_dir, tmp_path):
     """The real CLI's logging configuration: --log-level debug --access-log, stdout and stderr."""
-    from test_durability import free_port, wait_healthy
+    from helpers import free_port, wait_healthy
 
     port = free_port()
     log_path = tmp_path / "serve.log"

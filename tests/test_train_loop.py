@@ -11,7 +11,7 @@ import sys
 import httpx
 import pytest
 import torch
-from helpers import ADMIN_KEY
+from helpers import ADMIN_KEY, free_port
 
 from rlgate.client import GatewayClient, GatewayClientError
 from rlgate.rollout.runner import Episode, Group, RolloutRunner
@@ -142,17 +142,11 @@ async def test_in_flight_request_across_a_weight_swap_carries_two_versions(tiny_
     assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
 async def test_remote_sync_through_update_weights_route(tiny_model_dir, tmp_path):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir), "--engine", "local",
          "--port", str(port), "--log-level", "warning"],

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import time
@@ -355,3 +356,19 @@ def quiet_injected_resets() -> None:
 
 
 __all__ = ["FAULTS", "Event", "FakeBackend", "InjectedReset", "build_engine", "sse", "streaming"]
+
+
+def engine_app(title: str, engine: Any, fb: FakeBackend) -> FastAPI:
+    """A FastAPI app whose lifespan starts and closes ``engine``; ``app.state.fake`` is ``fb``."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await engine.start()
+        try:
+            yield
+        finally:
+            await engine.close()
+
+    app = FastAPI(title=title, lifespan=lifespan)
+    app.state.fake = fb
+    return app

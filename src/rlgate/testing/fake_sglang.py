@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from rlgate.engine.base import EngineError, GenerateRequest, SamplingParams
 from rlgate.testing.fake_backend import (
+    engine_app,
     SSE_DONE,
     Event,
     FakeBackend,
@@ -71,16 +72,7 @@ def create_app(engine: Any, *, tokenizer: Any = None, model_path: str, model_nam
     incremental = incremental_streaming_output
     quiet_injected_resets()
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await engine.start()
-        try:
-            yield
-        finally:
-            await engine.close()
-
-    app = FastAPI(title="fake SGLang (rlgate tests)", lifespan=lifespan)
-    app.state.fake = fb
+    app = engine_app("fake SGLang (rlgate tests)", engine, fb)
 
     # -------------------------------------------------------------- info
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import sys
 import time
@@ -41,6 +40,7 @@ from fastapi.responses import JSONResponse, Response
 
 from rlgate.engine.base import EngineError, GenerateRequest, SamplingParams
 from rlgate.testing.fake_backend import (
+    engine_app,
     SSE_DONE,
     Event,
     FakeBackend,
@@ -80,16 +80,7 @@ def create_app(engine: Any, *, tokenizer: Any = None, model_path: str, model_nam
     pending_path: dict[str, str] = {}
     quiet_injected_resets()
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await engine.start()
-        try:
-            yield
-        finally:
-            await engine.close()
-
-    app = FastAPI(title="fake vLLM (rlgate tests)", lifespan=lifespan)
-    app.state.fake = fb
+    app = engine_app("fake vLLM (rlgate tests)", engine, fb)
 
     @app.get("/health")
     async def health() -> Response:

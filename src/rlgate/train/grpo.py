@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from rlgate.rollout.runner import Allowance, Group, RolloutRunner
 from rlgate.train.loss import group_advantages, kl_penalty, policy_loss, token_logprobs
