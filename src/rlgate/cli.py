@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import os
@@ -87,6 +88,30 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info", type=str.lower,
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log one line per request (never keys)")
+    add_config_args(p)
+
+
+def _documented_fields() -> list[Any]:
+    """GatewayConfig fields documented with ``metadata={"help": ...}``: each gets a flag."""
+    import dataclasses
+
+    from rlgate.config import GatewayConfig
+
+    return [f for f in dataclasses.fields(GatewayConfig) if "help" in f.metadata]
+
+
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    """``--field-name`` for every documented GatewayConfig field, with its default and help."""
+    for f in _documented_fields():
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+        else:
+            p.add_argument(flag, type=type(f.default), default=f.default, help=f.metadata["help"])
+
+
+def config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {f.name: getattr(args, f.name) for f in _documented_fields()}
 
 
 def resolve_admin_key(args: argparse.Namespace) -> tuple[str, bool]:
@@ -132,6 +157,7 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         retain_exported=args.retain_exported,
         shutdown_timeout=args.shutdown_timeout,
         cors_origins=list(args.cors_origin),
+        **config_kwargs(args),
     )
     engine: Any
     if args.engine == "fake":
@@ -155,8 +181,28 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     logging.getLogger("rlgate").info("store: %s", getattr(store, "path", ":memory: (nothing is persisted)"))
     try:
         return create_app(config, engine, store, tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model))
+    except StoreError as exc:  # e.g. the file could not be loaded: one line, not a traceback
+        store.close()
+        raise SystemExit(f"rlgate: {exc}") from exc
     except BaseException:
         store.close()
+        raise
+
+
+def write_secret_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` with mode 0600 without following a link planted at ``path``:
+    a new file is written next to it (created 0600, exclusively) and renamed over the path,
+    which replaces a symlink itself rather than the file it points to."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600, O_EXCL
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
 
 
@@ -165,11 +211,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     admin_key, generated = resolve_admin_key(args)
     if args.admin_key_file:
-        path = Path(args.admin_key_file)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(admin_key + "\n")
-        os.chmod(path, 0o600)
+        write_secret_file(Path(args.admin_key_file), admin_key + "\n")
     if generated:
         if args.admin_key_file:
             print(f"rlgate: generated an admin key; written to {args.admin_key_file} (mode 0600)", flush=True)

@@ -26,13 +26,29 @@ the new messages only depends on a bounded context, so the cost of a turn does n
 grow with the length of the conversation. If a template does not render
 incrementally (``render(base + new)`` does not start with ``render(base)``),
 :class:`BridgeError` is raised and the caller starts a fresh rendering instead.
+
+Bounds (issue 15)
+-----------------
+* ``max_chars``: a rendered text longer than this raises :class:`PromptTooLong` before it
+  is tokenized. The caller derives it from the context length and
+  :attr:`ChatRenderer.max_token_chars` (no token of the vocabulary covers more characters),
+  so a text over it cannot fit the context, whatever its tokenization.
+* Tokenization of a long text goes through the Rust tokenizer's batch call, which releases
+  the GIL, so that it can run on a worker thread while the event loop keeps serving.
+* :attr:`ChatRenderer.reserved_kwargs`: template kwargs that would override the renderer's
+  own arguments (``chat_template``, ``tokenize``, ``messages``, special tokens...). The
+  gateway refuses them from clients unless the operator allows it.
+* The assistant suffix is memoised in a :class:`~rlgate.chat.render_cache.RenderCache`
+  owned by the caller (one per session), never in the renderer.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from rlgate.chat.conversation import ImagePart, Message, TextPart, ToolSpec, canonical_json
+from rlgate.chat.render_cache import RenderCache
 
 _SENTINEL = "RLGATE_SENTINEL_7f3a"
 _PLACEHOLDER_USER = Message.of("user", "hi")
@@ -44,6 +60,43 @@ class BridgeError(Exception):
 
 class TemplateError(Exception):
     """The chat template refused the conversation (e.g. a role it does not support)."""
+
+
+class PromptTooLong(Exception):
+    """The rendered text has more characters than the caller's ``max_chars``: it cannot fit."""
+
+    def __init__(self, chars: int, max_chars: int) -> None:
+        super().__init__(f"the rendered prompt has {chars} characters; at most {max_chars} can fit the context")
+        self.chars = chars
+        self.max_chars = max_chars
+
+
+# Template variables the renderer sets itself, besides apply_chat_template's own parameters.
+_RENDERER_VARIABLES = frozenset({"messages", "conversation", "tools", "documents", "add_generation_prompt"})
+# Texts shorter than this are tokenized with the plain call (holding the GIL costs less than
+# a batch call's set-up); longer ones with the batch call, which releases the GIL.
+_BATCH_ENCODE_CHARS = 16384
+
+
+def reserved_template_kwargs(tokenizer: Any) -> frozenset[str]:
+    """Kwargs a client must not pass to the chat template: apply_chat_template's parameters
+    (``chat_template``, ``tokenize``, ``return_*``...), the variables the renderer sets, and the
+    tokenizer's special-token names (``eos_token``...)."""
+    params = {
+        name for name, p in inspect.signature(tokenizer.apply_chat_template).parameters.items()
+        if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+    }
+    specials = set(getattr(tokenizer, "special_tokens_map", {}) or {})
+    return frozenset(params | _RENDERER_VARIABLES | specials | {"chat_template"})
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of the vocabulary stands for (added tokens included).
+
+    A byte-level token's string has one character per byte, so its length bounds the text
+    it decodes to; the same holds for SentencePiece pieces and byte-fallback tokens."""
+    vocab = tokenizer.get_vocab()
+    return max((len(t) for t in vocab), default=1) or 1
 
 
 def message_to_template(msg: Message) -> dict[str, Any]:
@@ -83,8 +136,9 @@ class ChatRenderer:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
-        # Memoised per (tools, template kwargs): the text after an assistant message.
-        self._suffix_cache: dict[str, str] = {}
+        self.reserved_kwargs = reserved_template_kwargs(tokenizer)
+        self.max_token_chars = max_token_chars(tokenizer)
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer, if fast
 
     # ------------------------------------------------------------------ primitives
 
@@ -110,7 +164,16 @@ class ChatRenderer:
             raise TemplateError(f"the chat template could not render the conversation: {exc}") from exc
 
     def encode(self, text: str) -> list[int]:
+        if self._backend is not None and len(text) >= _BATCH_ENCODE_CHARS:
+            # encode_batch releases the GIL (encode does not): a worker thread tokenizing a long
+            # prompt leaves the event loop free. Same ids as tokenizer.encode (tested).
+            return list(self._backend.encode_batch([text], add_special_tokens=False)[0].ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _encode_bounded(self, text: str, max_chars: int | None) -> list[int]:
+        if max_chars is not None and len(text) > max_chars:
+            raise PromptTooLong(len(text), max_chars)
+        return self.encode(text)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -122,25 +185,37 @@ class ChatRenderer:
         messages: list[Message],
         tools: list[ToolSpec] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        *,
+        max_chars: int | None = None,
     ) -> list[int]:
-        """Fresh rendering of the whole conversation, ending with the generation prompt."""
-        return self.encode(self.render_text(messages, tools, template_kwargs=template_kwargs))
+        """Fresh rendering of the whole conversation, ending with the generation prompt.
+
+        Raises :class:`PromptTooLong` instead of tokenizing a text over ``max_chars``."""
+        return self._encode_bounded(self.render_text(messages, tools, template_kwargs=template_kwargs), max_chars)
 
     def assistant_suffix(
-        self, tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None, cache_key: str | None = None
+        self,
+        tools: list[ToolSpec] | None,
+        template_kwargs: dict[str, Any] | None,
+        cache_key: str | None = None,
+        cache: RenderCache | None = None,
     ) -> str:
         key = cache_key or canonical_json([[t.to_openai() for t in tools or []], template_kwargs or {}])
-        if key not in self._suffix_cache:
-            text = self.render_text(
-                [_PLACEHOLDER_USER, Message.of("assistant", _SENTINEL)],
-                tools,
-                add_generation_prompt=False,
-                template_kwargs=template_kwargs,
-            )
-            if _SENTINEL not in text:
-                raise BridgeError("the chat template does not render assistant content verbatim")
-            self._suffix_cache[key] = text.split(_SENTINEL, 1)[1]
-        return self._suffix_cache[key]
+        cached = cache.get(key) if cache is not None else None
+        if cached is not None:
+            return cached
+        text = self.render_text(
+            [_PLACEHOLDER_USER, Message.of("assistant", _SENTINEL)],
+            tools,
+            add_generation_prompt=False,
+            template_kwargs=template_kwargs,
+        )
+        if _SENTINEL not in text:
+            raise BridgeError("the chat template does not render assistant content verbatim")
+        suffix = text.split(_SENTINEL, 1)[1]
+        if cache is not None:
+            cache.put(key, suffix)
+        return suffix
 
     def bridge_ids(
         self,
@@ -152,14 +227,17 @@ class ChatRenderer:
         tools: list[ToolSpec] | None = None,
         template_kwargs: dict[str, Any] | None = None,
         cache_key: str | None = None,
+        cache: RenderCache | None = None,
+        max_chars: int | None = None,
     ) -> list[int]:
         """Tokens that follow a parent's generated tokens (see module docstring).
 
         ``parent_stop_text`` is the text of the stop token the parent's output ended
         with, or None if it ended on length / abort / a stop string. ``cache_key``
-        identifies ``(tools, template_kwargs)`` for memoising the assistant suffix.
+        identifies ``(tools, template_kwargs)`` for memoising the assistant suffix in
+        ``cache``; ``max_chars`` bounds the bridge text (:class:`PromptTooLong`).
         """
-        suffix = self.assistant_suffix(tools, template_kwargs, cache_key)
+        suffix = self.assistant_suffix(tools, template_kwargs, cache_key, cache)
         glue = suffix
         if parent_stop_text and suffix.startswith(parent_stop_text):
             glue = suffix[len(parent_stop_text):]
@@ -168,5 +246,5 @@ class ChatRenderer:
         full = self.render_text(base + new_messages, tools, template_kwargs=template_kwargs)
         if not full.startswith(head) or not head.endswith(suffix):
             raise BridgeError("the chat template does not render new messages incrementally")
-        return self.encode(glue + full[len(head):])
+        return self._encode_bounded(glue + full[len(head):], max_chars)
 

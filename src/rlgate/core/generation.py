@@ -15,29 +15,55 @@ the interaction is kept with ``finish_reason="abort"`` and the tokens generated 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from rlgate.errors import ContextLengthExceeded, InvalidRequest, Unavailable, UpstreamError
-from rlgate.chat.conversation import Message, ToolSpec, tools_digest
+from rlgate.chat.conversation import DigestChain, Message, tools_digest
 from rlgate.chat.output import ContentDelta, OutputAssembler, OutputEvent, ReasoningDelta, openai_call_id
 from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser
-from rlgate.chat.render import BridgeError, ChatRenderer, TemplateError
+from rlgate.chat.render import BridgeError, ChatRenderer, PromptTooLong, TemplateError
 from rlgate.config import GatewayConfig
-from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
-from rlgate.core.limits import check_request_limits
+from rlgate.core.limits import (
+    check_images,
+    check_request_limits,
+    check_template_kwargs,
+    image_size,
+    images,
+    request_chars,
+)
+from rlgate.core.render_pool import RenderPool
 from rlgate.core.request import ChatRequest
+from rlgate.core.request_scope import undo_changes
 from rlgate.core.sessions import SessionManager
+from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
+from rlgate.errors import ContextLengthExceeded, InvalidRequest, PayloadTooLarge, Unavailable, UpstreamError
 from rlgate.store.base import StoreError
 from rlgate.trajectory.interaction import Interaction, Session
-from rlgate.chat.conversation import DigestChain
 from rlgate.trajectory.tree import find_parent
 
 log = logging.getLogger("rlgate.generation")
+
+# Prompts with fewer characters render and tokenize on the event loop (well under a
+# millisecond); longer ones, and any with a client-supplied template, on the render pool.
+INLINE_CHARS = 32 * 1024
+# A tokenizer's normalizer (NFC, NFKC...) may merge up to three characters into one before
+# the vocabulary sees them: the character bound on prompts allows for it.
+NORMALIZER_SLACK = 3
+
+
+@dataclass
+class BuiltPrompt:
+    """What :meth:`GenerationService.build_prompt` returns."""
+
+    prompt_ids: list[int]
+    interaction: Interaction  # unsaved; its id and api are set by prepare
+    chain: DigestChain  # digest of the request messages (+ reply = the interaction's prefix key)
+    image_bytes: int  # image bytes the interaction adds to its session (not shared with the parent)
 
 
 @dataclass
@@ -53,6 +79,7 @@ class Prepared:
     interaction: Interaction | None  # None when store=False
     call_id: Callable[[], str]
     chain: DigestChain  # digest of the request messages; + reply = the interaction's prefix key
+    image_bytes: int = 0  # counted against max_image_bytes_per_session once recorded
 
 
 @dataclass
@@ -85,6 +112,11 @@ class GenerationService:
         self.engine = engine
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        slack = 1 if backend is not None and backend.normalizer is None else NORMALIZER_SLACK
+        self._chars_per_token = self.renderer.max_token_chars * slack
+        self.render_pool = RenderPool(config.render_workers, config.render_timeout)
+        self.inline_chars = INLINE_CHARS
         self.sessions = sessions
         self.stop_token_ids = tuple(stop_token_ids)
         # Validate parser names once, at startup.
@@ -99,35 +131,40 @@ class GenerationService:
 
     # ------------------------------------------------------------------ prompt
 
-    def build_prompt(self, session: Session, req: ChatRequest) -> tuple[list[int], Interaction, DigestChain]:
-        """Find the parent, build the prompt ids; return them with an unsaved interaction and
-        the digest chain of the request's messages (extended with the reply on completion)."""
+    def max_prompt_chars(self, tokens: int) -> int:
+        """The most characters a text of ``tokens`` tokens can have (any longer cannot fit)."""
+        return max(0, tokens) * self._chars_per_token
+
+    async def build_prompt(self, session: Session, req: ChatRequest) -> BuiltPrompt:
+        """Check the request's limits, find the parent, build the prompt ids; return them with an
+        unsaved interaction and the digest chain of the request's messages (extended with the
+        reply on completion). Large prompts are rendered and tokenized on the render pool."""
         check_request_limits(self.config, req)
+        check_template_kwargs(self.config, req, self.renderer.reserved_kwargs)
+        check_images(self.config, req)
+        ctx = self.context_length
+        chars = request_chars(req)
+        if chars > self.max_prompt_chars(ctx):  # early: before hashing, rendering or tokenizing
+            raise ContextLengthExceeded(
+                f"the messages have {chars} characters, more than any {ctx}-token prompt can hold "
+                "(this model's context)", param="messages")
         context_key = tools_digest(req.tools, req.template_kwargs)
         parent, covered, chain = find_parent(session, context_key, req.messages)
+        new_image_bytes = sum(image_size(p) for p in images(req.messages[covered:]))
+        budget = self.config.max_image_bytes_per_session
+        if new_image_bytes and session.image_bytes + new_image_bytes > budget:
+            raise PayloadTooLarge(
+                f"session {session.id} holds {session.image_bytes} bytes of images; {new_image_bytes} more would "
+                f"exceed max_image_bytes_per_session={budget}", param="messages", code="session_image_budget_exceeded")
         relation = "extend" if parent is not None else ("fork" if session.interactions else "root")
-        fork_reason = None if parent is not None or relation == "root" else "no_prefix_match"
-        prompt: list[int] | None = None
-        if parent is not None and session.mode == "token_exact":
-            try:
-                bridge = self.renderer.bridge_ids(
-                    leading_system=req.messages[0] if req.messages[0].role == "system" else None,
-                    parent_reply=parent.output_message,  # type: ignore[arg-type]
-                    parent_stop_text=self._stop_text(parent),
-                    new_messages=req.messages[covered:],
-                    tools=req.tools,
-                    template_kwargs=req.template_kwargs,
-                    cache_key=context_key,
-                )
-                prompt = parent.prompt_ids + parent.output_ids + bridge
-            except (BridgeError, TemplateError) as exc:
-                log.warning("session %s: %s; starting a new root", session.id, exc)
-                parent, relation, fork_reason = None, "fork", "template_not_incremental"
-        if prompt is None:
-            try:
-                prompt = self.renderer.render_ids(req.messages, req.tools, req.template_kwargs)
-            except TemplateError as exc:
-                raise InvalidRequest(str(exc), param="messages") from exc
+        render = functools.partial(self._render, session, req, parent, covered, relation, context_key)
+        try:
+            if chars < self.inline_chars and "chat_template" not in req.template_kwargs:
+                prompt, parent, relation, fork_reason = render()
+            else:
+                prompt, parent, relation, fork_reason = await self.render_pool.run(render)
+        except PromptTooLong as exc:
+            raise ContextLengthExceeded(f"{exc} ({ctx} tokens)", param="messages") from exc
         interaction = Interaction(
             id="",
             session_id=session.id,
@@ -140,7 +177,40 @@ class GenerationService:
             fork_reason=fork_reason,
             context_key=context_key,
         )
-        return prompt, interaction, chain
+        return BuiltPrompt(prompt, interaction, chain, new_image_bytes)
+
+    def _render(
+        self, session: Session, req: ChatRequest, parent: Interaction | None, covered: int, relation: str,
+        context_key: str,
+    ) -> tuple[list[int], Interaction | None, str, str | None]:
+        """Prompt ids, parent, relation, fork reason. Thread-safe: reads only completed (immutable)
+        interactions and the session's locked render cache."""
+        ctx = self.context_length
+        fork_reason = None if parent is not None or relation == "root" else "no_prefix_match"
+        if parent is not None and session.mode == "token_exact":
+            base = parent.prompt_ids + parent.output_ids
+            try:
+                bridge = self.renderer.bridge_ids(
+                    leading_system=req.messages[0] if req.messages[0].role == "system" else None,
+                    parent_reply=parent.output_message,  # type: ignore[arg-type]
+                    parent_stop_text=self._stop_text(parent),
+                    new_messages=req.messages[covered:],
+                    tools=req.tools,
+                    template_kwargs=req.template_kwargs,
+                    cache_key=context_key,
+                    cache=session.render_cache,
+                    max_chars=self.max_prompt_chars(ctx - len(base)),
+                )
+                return base + bridge, parent, relation, fork_reason
+            except (BridgeError, TemplateError) as exc:
+                log.warning("session %s: %s; starting a new root", session.id, exc)
+                parent, relation, fork_reason = None, "fork", "template_not_incremental"
+        try:
+            prompt = self.renderer.render_ids(req.messages, req.tools, req.template_kwargs,
+                                              max_chars=self.max_prompt_chars(ctx))
+        except TemplateError as exc:
+            raise InvalidRequest(str(exc), param="messages") from exc
+        return prompt, parent, relation, fork_reason
 
     def _stop_text(self, parent: Interaction) -> str | None:
         if parent.stop_kind == "stop_token" and parent.output_ids and parent.output_ids[-1] in self.stop_token_ids:
@@ -149,7 +219,7 @@ class GenerationService:
 
     # ------------------------------------------------------------------ prepare
 
-    def prepare(
+    async def prepare(
         self,
         session: Session,
         req: ChatRequest,
@@ -161,7 +231,8 @@ class GenerationService:
         self.sessions.require_generating(session)
         if not req.messages:
             raise InvalidRequest("messages must contain at least one message", param="messages")
-        prompt, interaction, chain = self.build_prompt(session, req)
+        built = await self.build_prompt(session, req)
+        prompt, interaction, chain = built.prompt_ids, built.interaction, built.chain
         ctx = self.context_length
         if len(prompt) >= ctx:
             raise ContextLengthExceeded(
@@ -202,7 +273,7 @@ class GenerationService:
             "max_new_tokens": max_new,
         }
         return Prepared(session, req, interaction_id, api, prompt, sampling,
-                        interaction if req.store else None, call_id, chain)
+                        interaction if req.store else None, call_id, chain, built.image_bytes)
 
     # ------------------------------------------------------------------ run
 
@@ -231,7 +302,7 @@ class GenerationService:
             GenerateRequest(p.prompt_ids, p.sampling, request_id=p.interaction_id, session_id=p.session.id)
         )
         if p.interaction is not None:
-            self.sessions.add_interaction(p.session, p.interaction)
+            self.sessions.add_interaction(p.session, p.interaction, image_bytes=p.image_bytes)
         p.session.in_flight += 1
         try:
             async for delta in stream:
@@ -272,6 +343,7 @@ class GenerationService:
         try:  # the final event (finish reason, usage) is sent only once the interaction is on disk
             await self.sessions.store.wait_durable()
         except StoreError as exc:
+            undo_changes()  # refused to the client: not kept for a later request to land on
             raise Unavailable(str(exc), code="store_unavailable") from exc
         yield final
 

@@ -28,11 +28,17 @@ from rlgate.core.gateway import Gateway
 from rlgate.core.generation import GenerationService
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine
+from rlgate.server.auth_gate import AuthGateMiddleware
 from rlgate.server.body_limit import BodyLimitMiddleware
 from rlgate.server.durability import DurabilityMiddleware
+from rlgate.server.inflight import InFlight, InFlightMiddleware
 from rlgate.store.base import Store
 
 log = logging.getLogger("rlgate.server")
+
+# At shutdown, how long requests cut by the server's shutdown timeout get to unwind (record
+# their interactions, answer 503) before the engine and the store close under them.
+DRAIN_TIMEOUT_S = 10.0
 
 
 def create_app(
@@ -54,6 +60,7 @@ def create_app(
         config=config, engine=engine, tokenizer=tokenizer, sessions=sessions, stop_token_ids=stops
     )
     gateway = Gateway(config, engine, store, tokenizer, sessions, generation, time.time())
+    inflight = InFlight()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -62,15 +69,20 @@ def create_app(
         try:
             yield
         finally:
-            # Shutdown order: no new sessions; stop the sweeper; close the engine (aborts what is
-            # still generating, which records those interactions); then flush and close the store.
+            # Shutdown order: no new sessions; stop the sweeper; let the requests still unwinding
+            # (cut by the server's shutdown timeout) record their interactions; close the engine
+            # (aborts what is still generating, which records those interactions); then flush and
+            # close the store.
             sessions.accepting = False
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
+            if not await inflight.drain(DRAIN_TIMEOUT_S):
+                log.error("%d requests still running at shutdown; closing the engine under them", inflight.count)
             try:
                 await engine.close()
             finally:
+                generation.render_pool.close()
                 await asyncio.to_thread(store.close)
                 log.info("gateway stopped: store flushed and closed")
 
@@ -87,13 +99,18 @@ def create_app(
         body_models += surface.BODY_MODELS
     install_openapi(app, body_models)
 
+    # Outermost last: InFlight(CORS(AuthGate(BodyLimit(Durability(routes))))). The gate refuses
+    # unauthenticated bodies before BodyLimit reads them; CORS headers reach every answer.
     app.add_middleware(DurabilityMiddleware, store=store)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, body_timeout=config.body_timeout,
+                       max_buffered_bytes=config.max_buffered_body_bytes)
+    app.add_middleware(AuthGateMiddleware, sessions=sessions, limiter=sessions.rate_limiter)
     if config.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["*"],
                            allow_headers=["*"])
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(InFlightMiddleware, inflight=inflight)
     return app
 
 

@@ -23,7 +23,7 @@ async def create_response(request: Request):
     body = parse_model(ResponseCreateRequest, await read_json(request))
     chat = serving.to_chat_request(body, session)
     headers = report_ignored("responses", serving.ignored_params(body))
-    prepared = gw.generation.prepare(session, chat, api="responses", id_prefix=serving.ID_PREFIX,
+    prepared = await gw.generation.prepare(session, chat, api="responses", id_prefix=serving.ID_PREFIX,
                                      call_id=serving.new_call_id)
     ctx = serving.context(body, body.model or gw.config.model_name)
     if body.stream:
