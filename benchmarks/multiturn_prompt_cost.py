@@ -23,13 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlgate.core.generation import GenerationService
-from rlgate.core.request import ChatRequest
 from rlgate.chat.conversation import Message, ToolCall, ToolSpec
 from rlgate.config import GatewayConfig
+from rlgate.core.generation import GenerationService
+from rlgate.core.request import ChatRequest
+from rlgate.core.sessions import SessionManager
 from rlgate.engine.fake import FakeEngine
 from rlgate.model import load_tokenizer, stop_token_ids
-from rlgate.core.sessions import SessionManager
 from rlgate.store.base import MemoryStore
 from rlgate.trajectory.interaction import Session
 from rlgate.trajectory.tree import interaction_key
@@ -70,8 +70,7 @@ def build_conversation(service: GenerationService, tokenizer, stops, turns: int,
     messages = [Message.of("system", "You are a careful assistant."), Message.of("user", sentence(rng, 40))]
     for turn in range(turns - 1):
         req = ChatRequest(messages=list(messages), tools=TOOLS)
-        built = build(service, session, req)
-        prompt, inter = built.prompt_ids, built.interaction
+        inter = build(service, session, req).interaction
         text, echoed = reply_for(turn, rng)
         inter.id = f"i{turn}"
         inter.output_ids = tokenizer.encode(text, add_special_tokens=False) + [stops[0]]
@@ -124,8 +123,8 @@ def main() -> None:
         built = build(service, session, req)
         prompt, inter = built.prompt_ids, built.interaction
         assert turns == 1 or inter.relation == "extend"
-        exact = median_time(lambda: build(service, session, req), args.repeats)
-        rerender = median_time(lambda: service.renderer.render_ids(req.messages, req.tools), args.repeats)
+        exact = median_time(lambda s=session, r=req: build(service, s, r), args.repeats)
+        rerender = median_time(lambda r=req: service.renderer.render_ids(r.messages, r.tools), args.repeats)
         rows.append((turns, len(req.messages), len(prompt), exact, rerender))
     base = rows[0][3]
     print(f"{'turn':>5} {'msgs':>5} {'tokens':>7} {'token_exact ms':>15} {'re-render ms':>13} "

@@ -17,8 +17,8 @@ import weakref
 
 import httpx
 import pytest
-from helpers import admin_headers, key_headers, start_session
 
+from helpers import admin_headers, key_headers, start_session
 from rlgate.chat.conversation import Message, ToolSpec
 from rlgate.chat.render import ChatRenderer
 from rlgate.engine.fake import FakeEngine

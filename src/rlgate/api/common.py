@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import re
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -100,7 +101,7 @@ def has_lone_surrogate(value: Any) -> bool:
     return False
 
 
-def _loc(err: dict[str, Any]) -> str:
+def _loc(err: Mapping[str, Any]) -> str:
     parts = [str(p) for p in err.get("loc", ()) if not str(p).startswith("function-")]
     out = ""
     for p in parts:

@@ -19,7 +19,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -288,7 +288,7 @@ class GenerationService:
             call_id=p.call_id,
         )
 
-    async def run(self, p: Prepared) -> AsyncIterator[OutputEvent | Finished]:
+    async def run(self, p: Prepared) -> AsyncGenerator[OutputEvent | Finished, None]:
         """Generate; the interaction is registered when iteration starts (not in prepare),
         so a response that is never sent leaves nothing pending behind."""
         self.sessions.require_generating(p.session)

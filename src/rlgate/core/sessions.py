@@ -31,7 +31,7 @@ from rlgate.errors import (
     Unavailable,
 )
 from rlgate.store.base import Store
-from rlgate.trajectory.export import export_samples
+from rlgate.trajectory.export import ExportStyle, export_samples
 from rlgate.trajectory.interaction import Interaction, Session, TrajectoryMode
 from rlgate.trajectory.tree import interaction_key, register_completed
 
@@ -311,7 +311,7 @@ class SessionManager:
         self,
         session_id: str,
         *,
-        style: str = "individual",
+        style: ExportStyle = "individual",
         discount: float = 1.0,
         keep: bool = False,
         wait_timeout: float = 0.0,

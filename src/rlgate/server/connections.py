@@ -13,7 +13,8 @@ installed) to add:
   is closed;
 * **connection cap**: a connection opened while ``max_connections`` are open gets a 503
   ``too_many_connections`` in the surface's shape (``Retry-After: 1``) for its first request,
-  and is closed.
+  and is closed; it has at most ``OVER_CAP_HEADER_TIMEOUT`` seconds to send that request, so
+  a flood of idle connections frees its file descriptors quickly.
 
 The subclass touches only the protocol's documented life cycle (``connection_made``,
 ``data_received``, ``connection_lost``) and two attributes (``conn``, the h11 state machine;
@@ -36,6 +37,8 @@ from rlgate.server.asgi_errors import send_error
 
 log = logging.getLogger("rlgate.server")
 
+OVER_CAP_HEADER_TIMEOUT = 1.0
+
 
 async def _too_many_connections(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send_error(scope, send, Unavailable("too many open connections to the gateway; retry shortly",
@@ -49,8 +52,10 @@ class _GatewayH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._header_timer: asyncio.TimerHandle | None = None
+        self._timeout = self.header_timeout
         if len(self.connections) > self.max_connections:
             self.app = _too_many_connections
+            self._timeout = min(self._timeout, OVER_CAP_HEADER_TIMEOUT)
             log.warning("%d open connections (max_connections=%d): answering 503", len(self.connections),
                         self.max_connections)
         self._arm()
@@ -68,7 +73,7 @@ class _GatewayH11Protocol(H11Protocol):
 
     def _arm(self) -> None:
         self._disarm()
-        self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+        self._header_timer = self.loop.call_later(self._timeout, self._headers_too_slow)
 
     def _disarm(self) -> None:
         if self._header_timer is not None:
@@ -78,8 +83,7 @@ class _GatewayH11Protocol(H11Protocol):
     def _headers_too_slow(self) -> None:
         self._header_timer = None
         if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            log.info("closing a connection that sent no complete request headers within %g s",
-                     self.header_timeout)
+            log.info("closing a connection that sent no complete request headers within %g s", self._timeout)
             self.transport.close()
 
 
