@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from helpers import ADMIN_KEY, free_port, wait_healthy
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
