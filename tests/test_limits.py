@@ -325,7 +325,10 @@ async def test_an_image_counts_once_along_a_conversation(make_app, asgi_client):
                              headers=key_headers(key))
             assert r.status_code == 200, (turn, r.text)
             messages += [r.json()["choices"][0]["message"], {"role": "user", "content": f"turn {turn}"}]
-        assert 200_000 <= app.state.gateway.sessions.sessions[sid].image_bytes < 250_000
+        session = app.state.gateway.sessions.sessions[sid]
+        assert 200_000 <= session.image_bytes < 250_000
+        # and held once in memory: every turn shares the first turn's message object
+        assert len({id(i.messages[0]) for i in session.interactions.values()}) == 1
 
 
 def _nested_schema(depth: int) -> dict:

@@ -121,3 +121,74 @@ async def test_a_start_session_the_store_refuses_leaves_no_orphan(make_app, asgi
         r = await c.post("/rl/start_session", json={"task_id": "t"}, headers=ADMIN)
         assert r.status_code == 200
     store.close()
+
+
+def _fill_up(store) -> int:
+    """Make the SQLite file full (no new page may be allocated); return the old limit."""
+    conn = store._commits.conn
+    with store._commits.db_lock:
+        old = conn.execute("PRAGMA max_page_count").fetchone()[0]
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count={pages}")
+    return old
+
+
+def _free_up(store, limit: int) -> None:
+    with store._commits.db_lock:
+        store._commits.conn.execute(f"PRAGMA max_page_count={limit}")
+
+
+async def test_full_database_in_process(make_app, asgi_client, tmp_path):
+    """The same rule with SQLite's own "database or disk is full" (PRAGMA max_page_count): a refused
+    turn is forgotten, a reward lands on what is stored, an update never silently matches no row."""
+    from rlgate.store import open_store
+    from rlgate.store.sqlite import SQLiteStore
+
+    path = tmp_path / "gw.sqlite"
+    store = open_store(path)
+    app = make_app(store=store)
+    async with asgi_client(app) as c:
+        r = await c.post("/rl/start_session", json={"task_id": "t"}, headers=ADMIN)
+        sid, key = r.json()["session_id"], r.json()["api_key"]
+        h = {"Authorization": f"Bearer {key}"}
+        msgs = [{"role": "user", "content": "hello"}]
+        r = await c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4}, headers=h)
+        durable_id = r.json()["id"]
+        msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": "long " * 1000}]
+        limit = _fill_up(store)
+        r = await c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4}, headers=h)
+        assert r.status_code == 503, r.text
+        assert len(app.state.gateway.sessions.sessions[sid].interactions) == 1
+        _free_up(store, limit)
+        r = await c.post("/rl/set_reward", json={"reward": 3.0}, headers=h)
+        assert r.status_code == 200 and r.json()["interaction_id"] == durable_id
+    store.close()
+    reloaded = SQLiteStore(path)
+    (session,) = reloaded.load()
+    assert [(i.id, i.reward) for i in session.interactions.values()] == [(durable_id, 3.0)]
+    reloaded.close()
+
+
+async def test_an_update_of_a_row_never_written_fails(tmp_path):
+    from rlgate.store.base import StoreError
+    from rlgate.store.sqlite import SQLiteStore
+    from rlgate.trajectory.interaction import Interaction, Session
+
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    s = Session(id="t-0", task_id="t", key_hash="h")
+    store.save_session(s)
+    await store.wait_durable()
+    i = Interaction(id="i1", session_id="t-0", api="chat", messages=[], tools=[], prompt_ids=list(range(5000)))
+    limit = _fill_up(store)
+    store.save_interaction(i)
+    with pytest.raises(StoreError):
+        await store.wait_durable()
+    _free_up(store, limit)
+    i.reward = 1.0
+    store.save_interaction(i)  # inserted afresh, not an UPDATE of nothing
+    await store.wait_durable()
+    store.close()
+    reloaded = SQLiteStore(tmp_path / "s.sqlite")
+    (session,) = reloaded.load()
+    assert session.interactions["i1"].reward == 1.0 and session.interactions["i1"].prompt_ids == list(range(5000))
+    reloaded.close()

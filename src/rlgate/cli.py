@@ -59,6 +59,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fake-token-delay", type=float, default=0.0, help="--engine fake: seconds between tokens")
     p.add_argument("--device", default=None, help="--engine local: torch device (default cuda if available)")
     p.add_argument("--max-batch-size", type=int, default=64, help="--engine local: concurrent sequences")
+    p.add_argument("--max-rows-per-session", type=int, default=None,
+                   help="--engine local: batch rows one session may hold (default: half of --max-batch-size)")
     from rlgate.engine.remote.options import add_remote_args
 
     add_remote_args(p)
@@ -173,7 +175,7 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         from rlgate.engine.local import LocalEngine
 
         engine = LocalEngine(args.model, device=args.device, max_batch_size=args.max_batch_size,
-                             max_context_length=args.context_length)
+                             max_context_length=args.context_length, max_rows_per_session=args.max_rows_per_session)
     try:
         store = open_store(args.store, data_dir=args.data_dir, synchronous=args.store_sync)
     except StoreError as exc:

@@ -156,6 +156,8 @@ class GenerationService:
             raise PayloadTooLarge(
                 f"session {session.id} holds {session.image_bytes} bytes of images; {new_image_bytes} more would "
                 f"exceed max_image_bytes_per_session={budget}", param="messages", code="session_image_budget_exceeded")
+        if parent is not None:
+            share_prefix(parent, req.messages, covered)
         relation = "extend" if parent is not None else ("fork" if session.interactions else "root")
         render = functools.partial(self._render, session, req, parent, covered, relation, context_key)
         try:
@@ -266,7 +268,7 @@ class GenerationService:
         interaction.id = interaction_id
         interaction.api = api
         interaction.sampling = {
-            "temperature": req.temperature,
+            "temperature": sampling.temperature,  # as the engine samples (below 1e-5: 0, greedy)
             "top_p": req.top_p,
             "top_k": req.top_k,
             "seed": req.seed,
@@ -415,6 +417,19 @@ async def _close_quietly(stream: Any) -> None:
 
 def now() -> int:
     return int(time.time())
+
+
+def share_prefix(parent: Interaction, messages: list[Message], covered: int) -> None:
+    """Replace the leading request messages that equal the parent's by the parent's own objects.
+
+    Every request re-sends the whole conversation: kept as sent, a session would hold each
+    message (and image) once per later turn, O(turns^2) memory; shared, it holds it once, as
+    the store does. Only exactly equal messages are shared, so nothing recorded changes."""
+    known = [*parent.messages, parent.output_message]
+    for k in range(min(covered, len(known))):
+        m = known[k]
+        if m is not None and messages[k] is not m and messages[k] == m:
+            messages[k] = m
 
 
 def merge_text_deltas(events: list[Any]) -> list[Any]:
