@@ -146,8 +146,8 @@ class GenerationService:
         chars = request_chars(req)
         if chars > self.max_prompt_chars(ctx):  # early: before hashing, rendering or tokenizing
             raise ContextLengthExceeded(
-                f"the messages have {chars} characters, more than any {ctx}-token prompt can hold "
-                "(this model's context)", param="messages")
+                f"the messages have {chars} characters: more than a prompt can hold in this model's context "
+                f"of {ctx} tokens", param="messages")
         context_key = tools_digest(req.tools, req.template_kwargs)
         parent, covered, chain = find_parent(session, context_key, req.messages)
         new_image_bytes = sum(image_size(p) for p in images(req.messages[covered:]))

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from rlgate.config import GatewayConfig
+from rlgate.core.limits import image_size, images
 from rlgate.core.rate_limit import RateLimiter
 from rlgate.core.request_scope import after_response, on_write_failure
 from rlgate.errors import (
@@ -38,6 +39,16 @@ from rlgate.trajectory.tree import interaction_key, register_completed
 log = logging.getLogger("rlgate.sessions")
 
 MIN_KEY_LENGTH = 32
+
+
+def recorded_image_bytes(session: Session) -> int:
+    """Image bytes a session's interactions added (those not re-sent from their parent)."""
+    total = 0
+    for i in session.interactions.values():
+        parent = session.interactions.get(i.parent_id) if i.parent_id else None
+        skip = len(parent.messages) + 1 if parent is not None else 0
+        total += sum(image_size(p) for p in images(i.messages[skip:]))
+    return total
 
 
 def hash_key(key: str) -> str:
@@ -90,6 +101,7 @@ class SessionManager:
                     i.prefix_key = i.prefix_key or interaction_key(i)
                     register_completed(s, i)
             s.last_active = max([s.last_active] + [i.completed_at or i.created_at for i in s.interactions.values()])
+            s.image_bytes = recorded_image_bytes(s)
             self.sessions[s.id] = s
             if s.exported_at is None:  # later sessions (created_at order) win a reused key
                 self._by_key[s.key_hash] = s.id
