@@ -44,6 +44,7 @@ import inspect
 import os
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -209,6 +210,7 @@ class _Request:
     num_generated: int = 0
     finished: bool = False  # set by the worker once the final delta is sent
     aborted: bool = False  # set by the consumer (stream closed early)
+    queued_at: float = field(default_factory=time.perf_counter)  # when it joined the queue
 
     @property
     def done(self) -> bool:
@@ -464,6 +466,11 @@ class LocalEngine(StreamingEngineMixin):
         self._thread: threading.Thread | None = None
         # Worker-thread state.
         self._batch: _Batch | None = None
+        self._decode_steps = 0  # batched decoding steps run
+        self._decode_rows = 0  # rows decoded, summed over steps (/ steps = mean batch size)
+        # Called (worker thread) with the seconds a request waited for a batch row; the gateway
+        # wires its queue-time histogram here. Must be cheap and thread-safe.
+        self.on_queue_wait: Callable[[float], None] | None = None
 
     # -- properties ------------------------------------------------------------------------
 
@@ -488,6 +495,15 @@ class LocalEngine(StreamingEngineMixin):
         """Requests waiting or holding a batch row (finished and aborted ones leave at the next step)."""
         batch = self._batch
         return len(self._pending) + (len(batch) if batch is not None else 0)
+
+    def stats(self) -> dict[str, int]:
+        """Batch occupancy for metrics: running rows, waiting requests, capacity, decode counters.
+
+        Read without the lock: each value is a consistent int, the set is a snapshot-ish view."""
+        batch = self._batch
+        return {"running": len(batch) if batch is not None else 0, "waiting": len(self._pending),
+                "max_batch_size": self._max_batch_size, "decode_steps": self._decode_steps,
+                "decode_rows": self._decode_rows}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -635,6 +651,10 @@ class LocalEngine(StreamingEngineMixin):
                 break
             admitted.append(self._pending.popleft())
             longest = longest_if_added
+        if admitted and self.on_queue_wait is not None:
+            now = time.perf_counter()
+            for req in admitted:
+                self.on_queue_wait(now - req.queued_at)
         return admitted
 
     def _run(self, command: _Command) -> None:
@@ -658,6 +678,8 @@ class LocalEngine(StreamingEngineMixin):
                     self._batch.extend(fresh)
                 self._drop_done()
             if self._batch is not None:
+                self._decode_steps += 1
+                self._decode_rows += len(self._batch)
                 self._emit(self._batch, self._decode(self._batch))
                 self._drop_done()
 
