@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-fast fuzz bench install browser clean
+.PHONY: demo test test-fast lint fuzz bench install browser clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -34,7 +34,11 @@ browser:
 	    --no-install-recommends chromium chromium-driver >/dev/null; \
 	fi
 
-test: $(STAMP) browser
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint browser
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

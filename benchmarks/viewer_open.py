@@ -30,8 +30,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import httpx  # noqa: E402
-from browser import chromium, wait_for  # noqa: E402
 
+from browser import chromium, wait_for  # noqa: E402
 from rlgate.config import GatewayConfig  # noqa: E402
 from rlgate.demo.tiny import build_tiny_model  # noqa: E402
 from rlgate.engine.fake import FakeEngine  # noqa: E402

@@ -8,9 +8,9 @@ import sqlite3
 
 import httpx
 import pytest
-from helpers import ADMIN_KEY, admin_headers, free_port, key_headers, start_session
 from prometheus_client.parser import text_string_to_metric_families
 
+from helpers import ADMIN_KEY, admin_headers, free_port, key_headers, start_session
 from rlgate.config import GatewayConfig
 from rlgate.demo.tiny import CHAT_TEMPLATE
 from rlgate.engine.base import EngineError

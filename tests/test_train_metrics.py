@@ -7,9 +7,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
-from helpers import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
+from helpers import free_port
 from rlgate.config import GatewayConfig
 from rlgate.metrics.gateway import GatewayMetrics
 from rlgate.metrics.training import TrainingMetrics, metric_name

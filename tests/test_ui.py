@@ -7,8 +7,8 @@ import json
 import re
 
 import pytest
-from helpers import ADMIN_KEY, admin_headers, key_headers, start_session
 
+from helpers import ADMIN_KEY, admin_headers, key_headers, start_session
 from rlgate.cli import main as cli
 from rlgate.engine.fake import FakeEngine
 from rlgate.testing.runs import synthetic_run

@@ -14,9 +14,9 @@ from collections import defaultdict
 
 import httpx
 import pytest
+
 from browser import TOKENS_JS, artifacts_dir, chromium, console_errors, wait_for
 from helpers import ADMIN_KEY, admin_headers
-
 from rlgate.cli import main as cli
 from rlgate.config import GatewayConfig
 from rlgate.engine.fake import FakeEngine

@@ -322,7 +322,7 @@ class GatewayMetrics:
                 missing += 1
             if current_version is None:
                 continue
-            versions = Tally(v for v, m in zip(s["versions"], s["loss_mask"]) if m)
+            versions = Tally(v for v, m in zip(s["versions"], s["loss_mask"], strict=False) if m)
             for v, k in versions.items():
                 lag = max(0, current_version - v)
                 lags[lag] += k

@@ -68,7 +68,7 @@ async def play(c: httpx.AsyncClient, admin_key: str, script: list[str], bump_ver
             r = await c.post("/rl/start_session", json={"task_id": f"calc-{g}", "metadata": {"step": step}},
                              headers=ah)
             members.append((r.json()["session_id"], r.json()["api_key"]))
-        for sid, key in members:
+        for _sid, key in members:
             h = {"Authorization": f"Bearer {key}"}
             kind = rng.choices(["clean", "wrong", "unparsed", "empty", "fork", "unrewarded"], [60, 20, 6, 4, 6, 4])[0]
             if played < len(EVERY_FAILURE):  # every kind of failure shows up, whatever the seed

@@ -80,7 +80,7 @@ class Turn:
         return sum(1 for m in self.loss_mask if m)
 
     def generated_versions(self) -> list[int]:
-        return [v for v, m in zip(self.versions, self.loss_mask) if m]
+        return [v for v, m in zip(self.versions, self.loss_mask, strict=False) if m]
 
 
 @dataclass
@@ -266,7 +266,7 @@ def episodes_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[Episode]:
     flat = expand_rows(rows)
     if any(_first(r, "session_id", "session") is None for r in flat):
         keys = _components(flat)
-        for r, k in zip(flat, keys):
+        for r, k in zip(flat, keys, strict=True):
             if _first(r, "session_id", "session") is None:
                 r["session_id"] = f"session-of-{k}"
     episodes: dict[str, Episode] = {}

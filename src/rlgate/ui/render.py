@@ -238,7 +238,7 @@ def interaction_view(ep: Episode, turn: Turn, texts: Sequence[str] | None, links
     parent = by_id.get(turn.parent_id) if turn.parent_id else None
     ref = turn.train_version if turn.train_version is not None else newest_version
     gen = turn.generated_versions()
-    lps = [lp for lp, m in zip(turn.logprobs, turn.loss_mask) if m]
+    lps = [lp for lp, m in zip(turn.logprobs, turn.loss_mask, strict=False) if m]
     parent_link = _a(links.turn(ep.id, parent.id), parent.id) if parent is not None else e(turn.parent_id or "–")
     rel = e(turn.relation) + (f" ({e(turn.fork_reason or 'reason not recorded')})" if turn.relation == "fork" else "")
     head = _kv([
