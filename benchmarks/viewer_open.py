@@ -62,8 +62,10 @@ def open_static(path: Path, repeats: int, turn_href: str, shot: Path | None) -> 
             wait_for(d, "return document.querySelector('main .strip') !== null;")
             if shot is not None and k == 0:
                 d.set_window_size(1400, 860)
-                d.execute_script("document.querySelector('main .strip span.g').dispatchEvent("
-                                 "new MouseEvent('mouseover', {bubbles: true}));")
+                d.execute_script("document.querySelector('main .strip span.b').scrollIntoView({block: 'start'});"
+                                 "window.scrollBy(0, -40);"
+                                 "const g = document.querySelectorAll('main .strip span.g');"
+                                 "g[Math.floor(g.length / 2)].dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));")
                 d.save_screenshot(str(shot))
     return loads, clicks
 

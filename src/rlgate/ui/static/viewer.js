@@ -66,8 +66,9 @@
       "  version " + t.dataset.version : "") + "  loss " + t.dataset.loss;
     var box = t.getBoundingClientRect();
     tip.style.left = Math.min(box.left, window.innerWidth - 360) + "px";
-    tip.style.top = (box.bottom + 4) + "px";
     tip.hidden = false;
+    var below = box.bottom + 4 + tip.offsetHeight < window.innerHeight;
+    tip.style.top = (below ? box.bottom + 4 : box.top - 4 - tip.offsetHeight) + "px";
   });
 
   // Static export: every view is the text of a <script type="text/html" data-view="KEY"> (HTML
