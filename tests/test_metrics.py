@@ -311,3 +311,35 @@ async def test_local_engine_reports_batch_occupancy_and_queue_time(make_app, asg
     assert 1 <= rows / steps <= 2  # mean batch size within capacity
     assert value(fams, "rlgate_queue_seconds", "rlgate_queue_seconds_count") == 4
     assert value(fams, "rlgate_engine_running_requests") == 0
+
+
+@pytest.mark.slow
+def test_rlgate_serve_metrics_on_both_binds(tiny_model_dir):
+    """``curl /metrics`` on a running ``rlgate serve``: parses, holds every guard; the keyless bind too."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import wait_healthy
+
+    port, side = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir), "--engine", "fake",
+         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--metrics-port", str(side),
+         "--guard-min-events", "1", "--guard-empty-reply-ratio", "0"],
+        env={**os.environ, "RLGATE_ADMIN_KEY": ADMIN_KEY}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        assert httpx.get(url + "/metrics").status_code == 401
+        main = httpx.get(url + "/metrics", headers=admin_headers(), timeout=10)
+        keyless = httpx.get(f"http://127.0.0.1:{side}/metrics", timeout=10)
+        for r in (main, keyless):
+            assert r.status_code == 200
+            fams = parse(r.text)
+            assert not [m for m in GUARD_METRICS + TRAFFIC_METRICS if m not in fams]
+            assert {dict(lab)["guard"] for (_, lab) in fams["rlgate_guard_firing"]} == set(GUARDS)
+        assert httpx.get(url + "/health").json()["status"] == "ok"
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default=None, help="tokenizer directory for token text (default: a model/ or "
                    "final/ directory next to the data, or the model of a training run's config.yaml)")
     p.add_argument("--no-text", action="store_true", help="show token ids only (no tokenizer)")
-    p.add_argument("--max-sessions", type=int, default=2000, help="sessions to include (the first N)")
+    p.add_argument("--max-sessions", type=int, default=1000,
+                   help="sessions to include (the first N; 200 tool-calling sessions make ~14 MB)")
     p.add_argument("--stale-lag", type=int, default=4, help="flag tokens more than N versions behind")
     p.add_argument("--title", default=None)
     p.set_defaults(func=cmd_view)
