@@ -124,9 +124,8 @@ def _bind_metrics(metrics: GatewayMetrics, sessions: SessionManager, engine: Eng
         metrics.bind(engine_stats=stats)
     if hasattr(engine, "on_queue_wait"):
         engine.on_queue_wait = metrics.queue_seconds.observe
-    store_stats = getattr(store, "stats", None)
-    if isinstance(store_stats, dict):  # SQLiteStore: writes and failed writes
-        metrics.bind(store_stats=lambda: store_stats)
+    if isinstance(getattr(store, "stats", None), dict):  # SQLiteStore: writes and failed writes
+        metrics.bind(store_stats=lambda: store.stats)  # type: ignore[attr-defined]
 
 
 async def _poll_guards_forever(metrics: GatewayMetrics, interval: float) -> None:
