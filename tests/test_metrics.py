@@ -330,7 +330,7 @@ def test_rlgate_serve_metrics_on_both_binds(tiny_model_dir):
         env={**os.environ, "RLGATE_ADMIN_KEY": ADMIN_KEY}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc)
+        wait_healthy(url, proc, timeout=300)  # importing torch takes long on a busy 2-core machine
         assert httpx.get(url + "/metrics").status_code == 401
         main = httpx.get(url + "/metrics", headers=admin_headers(), timeout=10)
         keyless = httpx.get(f"http://127.0.0.1:{side}/metrics", timeout=10)
