@@ -94,7 +94,8 @@ def check_trajectory(export: dict, conv: Conversation, tokenizer, stop_ids, vers
         ids, mask = s["input_ids"], s["loss_mask"]
         assert ids[: len(previous)] == previous, "a turn does not extend the previous turn token for token"
         out = [t for t, m in zip(ids, mask) if m]
-        assert out[-1] in stop_ids and tokenizer.decode(out[:-1]) == reply
+        assert out[-1] in stop_ids and s["output_message"]["content"] == reply
+        assert tokenizer.decode(out[:-1]).strip() == reply  # the reply, less the leading space the gateway trims
         lps = [lp for lp, m in zip(s["logprobs"], mask) if m]
         assert lps == pytest.approx([fake_logprob(t, i) for i, t in enumerate(out)])
         vers = [v for v, m in zip(s["versions"], mask) if m]

@@ -56,7 +56,9 @@ def init_ray(config: ClusterConfig) -> None:
     if config.ray_address:
         ray.init(address=config.ray_address, namespace=config.namespace, log_to_driver=False)
     else:
+        # a local cluster talks over loopback only
         ray.init(num_cpus=config.ray_num_cpus, include_dashboard=False, namespace=config.namespace,
+                 _node_ip_address="127.0.0.1",
                  object_store_memory=config.object_store_mb * 1024 * 1024, log_to_driver=False,
                  configure_logging=False)
 
