@@ -11,6 +11,7 @@ One cluster of 3 replicas (fake engine, durable SQLite stores) serves every test
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -208,12 +209,10 @@ async def test_a_killed_replica_fails_only_its_live_sessions_and_comes_back(clus
         # Ray restarts it; it serves its stored sessions again
         deadline = time.monotonic() + 120
         while True:
-            try:
+            with contextlib.suppress(Exception):  # still restarting
                 info = cluster.info_of(victim)
                 if info["state"] == "healthy" and info["pid"] != old_pid:
                     break
-            except Exception:  # noqa: BLE001 - still restarting
-                pass
             assert time.monotonic() < deadline, "the replica did not come back"
             await asyncio.sleep(0.2)
         await cluster.router.table.refresh()
@@ -231,3 +230,116 @@ async def test_a_killed_replica_fails_only_its_live_sessions_and_comes_back(clus
         # and it takes new sessions again
         fresh = [await start(f"m{i}") for i in range(24)]
         assert victim in {session_id_replica(s) for s, _ in fresh}
+
+
+# --------------------------------------------------------------------------- rollout on Ray, collection
+
+
+class ChattyAgent:
+    """Two turns with the OpenAI SDK; reward 1. Runs inside a Ray worker."""
+
+    async def run(self, data, *, base_url, api_key, http_client=None):
+        import os
+
+        from openai import AsyncOpenAI
+
+        oai = AsyncOpenAI(max_retries=0)  # OPENAI_BASE_URL / OPENAI_API_KEY come from the environment
+        assert oai.base_url.host == "127.0.0.1" and api_key == os.environ["OPENAI_API_KEY"]
+        messages = [{"role": "user", "content": data["question"]}]
+        r = await oai.chat.completions.create(model="m", messages=messages)
+        messages += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "and?"}]
+        await oai.chat.completions.create(model="m", messages=messages)
+        await oai.close()
+        return 1.0
+
+
+class HangingAgent:
+    def __init__(self, pid_dir: str) -> None:
+        self.pid_dir = pid_dir
+
+    def run(self, data, *, base_url, api_key, http_client=None):
+        import os
+        import pathlib
+
+        pathlib.Path(self.pid_dir, str(os.getpid())).touch()
+        time.sleep(3600)
+
+
+@pytest.fixture
+def picklable_here(ray_local):
+    import sys
+
+    ray_local.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the agents above travel by value
+    yield
+    ray_local.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+async def test_rollout_on_ray_with_the_collector(cluster, picklable_here, tmp_path):
+    import os
+
+    from rlgate.client import GatewayClient
+    from rlgate.cluster.collector import Collector
+    from rlgate.cluster.directory import ReplicaTable
+    from rlgate.cluster.launch import RayDirectory
+    from rlgate.rollout.runner import RolloutRunner
+
+    table = ReplicaTable(RayDirectory(cluster.actors), interval=0.2)
+    await table.start()
+    client = GatewayClient(cluster.url, ADMIN_KEY)
+    try:
+        async with Collector(table, ADMIN_KEY, maxsize=8) as collector:
+            runner = RolloutRunner(client, ChattyAgent(), group_size=3, mode="ray", episode_timeout=120,
+                                   ray_options={"num_cpus": 1}, collector=collector)
+            groups = [g async for g in runner.groups((f"g{i}", {"question": f"q{i}"}) for i in range(3))]
+            episodes = [e for g in groups for e in g.episodes]
+            assert [e.error for e in episodes] == [None] * 9 and all(e.ok for e in episodes)
+            assert all(len(e.samples) == 2 and e.samples[-1]["reward"] == 1.0 for e in episodes)
+            assert collector.queue.qsize() == 0  # every export went to the episode that waited for it
+
+            # a hung agent: its Ray worker is killed at the timeout
+            hung = RolloutRunner(client, HangingAgent(str(tmp_path)), group_size=1, mode="ray", episode_timeout=5,
+                                 collector=collector)
+            t0 = time.perf_counter()
+            ep = await hung.episode("hung", 0, {"question": "q"})
+            assert not ep.ok and "Ray worker killed" in (ep.error or "") and hung.counters.timed_out == 1
+            assert time.perf_counter() - t0 < 60
+            pids = [int(p.name) for p in tmp_path.iterdir()]
+            assert len(pids) == 1
+            deadline = time.monotonic() + 60
+            while _alive(pids[0]):
+                assert time.monotonic() < deadline, "the hung worker was not killed"
+                await asyncio.sleep(0.1)
+
+            # agents that end their own sessions: the trainer drains them all, with backpressure
+            sessions = [await client.start_session(f"ext{i}") for i in range(14)]
+            for s in sessions:
+                oai = AsyncOpenAI(base_url=s.base_url, api_key=s.api_key, max_retries=0)
+                await oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+                await s.set_reward(0.25)
+                await s.end()
+            deadline = time.monotonic() + 60
+            while collector.queue.qsize() < collector.queue.maxsize:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            assert collector.queue.qsize() == 8  # bounded: the rest wait on the replicas
+            got = []
+            async for export in collector:
+                got.append(export)
+                if len(got) == 14:
+                    break
+            assert sorted(e["session_id"] for e in got) == sorted(s.session_id for s in sessions), [e["session_id"] for e in got]
+            assert all(e["interactions"][0]["reward"] == 0.25 and e["status"] == "ended" for e in got)
+            assert os.getpid()  # (the driver stays alive throughout)
+    finally:
+        await table.stop()
+        await client.aclose()
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

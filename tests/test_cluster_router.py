@@ -8,6 +8,7 @@ same router in front of replica actors.
 from __future__ import annotations
 
 import asyncio
+
 import httpx
 import pytest
 from anthropic import AsyncAnthropic

@@ -18,9 +18,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlgate.cluster.engines import FakeEngineSpec, LocalEngineSpec, RemoteEngineSpec
-    from rlgate.cluster.launch import Cluster
-    from rlgate.cluster.replica import ReplicaSpec
+    from rlgate.cluster.engines import FakeEngineSpec as FakeEngineSpec
+    from rlgate.cluster.engines import LocalEngineSpec as LocalEngineSpec
+    from rlgate.cluster.engines import RemoteEngineSpec as RemoteEngineSpec
+    from rlgate.cluster.launch import Cluster as Cluster
+    from rlgate.cluster.replica import ReplicaSpec as ReplicaSpec
 
 _EXPORTS = {
     "Cluster": "rlgate.cluster.launch",
@@ -39,4 +41,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["Cluster", "FakeEngineSpec", "LocalEngineSpec", "RemoteEngineSpec", "ReplicaSpec"]

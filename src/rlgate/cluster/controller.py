@@ -101,14 +101,13 @@ class WeightController:
                                          f"replicas ({detail}); those serve their old weights and take no new "
                                          "sessions until an update succeeds", code="weight_update_failed")
             version = max(versions.values())
-            for i in versions:
-                if self.table.replicas[i].state == "stale" and versions[i] == version:
+            for i, v in versions.items():
+                if self.table.replicas[i].state == "stale" and v == version:
                     await self._mark(i, "healthy", "")
-            entry = {"version": version, "path": path, "replicas": len(versions),
+            entry: dict[str, Any] = {"version": version, "path": path, "replicas": len(versions),
                      "pause_s": t_paused - t0, "load_s": t_loaded - t_paused, "total_s": time.perf_counter() - t0}
             self.history.append(entry)
-            log.info("weights updated on %d replicas: version %d (%.2f s, paused %.2f s)", len(versions), version,
-                     entry["total_s"], entry["total_s"] - entry["pause_s"])
+            log.info("weights updated on %d replicas: version %d (%.2f s)", len(versions), version, entry["total_s"])
             return version
 
     async def _mark(self, index: int, state: str, reason: str) -> None:

@@ -82,7 +82,7 @@ class ReplicaTable:
             await asyncio.sleep(self.interval)
             try:
                 await self.refresh()
-            except Exception:  # noqa: BLE001 - the refresh loop must never die
+            except Exception:
                 log.exception("replica refresh failed")
 
     async def refresh(self) -> None:

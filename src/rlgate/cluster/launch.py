@@ -24,7 +24,7 @@ import asyncio
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Self
 
 from rlgate.cluster.controller import WeightController
 from rlgate.cluster.directory import ReplicaTable
@@ -132,7 +132,7 @@ class Cluster:
                 infos = ray.get([a.info.remote() for a in self.actors], timeout=10)
                 if all(i["state"] == "healthy" for i in infos):
                     return
-            except Exception:  # noqa: BLE001 - restarting: try again
+            except Exception:
                 if time.monotonic() > deadline:
                     raise
             if time.monotonic() > deadline:
@@ -190,15 +190,15 @@ class Cluster:
         for a in self.actors:
             try:
                 ray.get(a.stop.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+            except Exception as exc:  # noqa: BLE001 - already gone: nothing to stop gracefully
+                log.debug("replica stop: %s", exc)
             ray.kill(a, no_restart=True)
         self.actors = []
 
-    def __enter__(self) -> Cluster:
+    def __enter__(self) -> Self:
         if not self.actors:
             self.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -34,7 +34,6 @@ the router little). Ray only places and restarts the replicas and carries contro
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import json
@@ -44,7 +43,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rlgate.cluster.directory import ReplicaInfo, ReplicaTable
-from rlgate.cluster.keys import derive_routing_secret, hashed_replica, is_minted, key_replica, session_id_replica
+from rlgate.cluster.keys import (
+    derive_routing_secret,
+    hashed_replica,
+    is_minted,
+    key_replica,
+    session_id_replica,
+)
 from rlgate.cluster.upstream import Upstream, UpstreamUnavailable
 from rlgate.errors import (
     AuthenticationFailed,

@@ -31,7 +31,7 @@ from rlgate.config import GatewayConfig
 from rlgate.core.naming import DefaultNaming, SessionNaming
 from rlgate.core.request_scope import after_response
 from rlgate.store.base import Store
-from rlgate.trajectory.export import export_samples
+from rlgate.trajectory.export import ExportStyle, export_samples
 from rlgate.trajectory.interaction import Interaction, Session, TrajectoryMode
 from rlgate.trajectory.tree import interaction_key, register_completed
 
@@ -326,7 +326,7 @@ class SessionManager:
         if self._finished_changed is not None:
             self._finished_changed.set()
 
-    async def collect(self, max_sessions: int, *, wait_timeout: float = 0.0, style: str = "individual",
+    async def collect(self, max_sessions: int, *, wait_timeout: float = 0.0, style: ExportStyle = "individual",
                       discount: float = 1.0) -> list[dict[str, Any]]:
         """Exports of up to ``max_sessions`` finished sessions (ended or interrupted, nothing in
         flight, not exported yet), in the order they finished; waits up to ``wait_timeout``

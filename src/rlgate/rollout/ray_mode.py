@@ -68,7 +68,7 @@ class RayEpisodes:
             raise
         except AgentError:
             raise
-        except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the agent's own exception
+        except Exception as exc:
             cause = getattr(exc, "cause", None) or exc
             if isinstance(cause, AgentError):
                 raise AgentError(str(cause)) from exc

@@ -229,11 +229,18 @@ class RolloutRunner:
         """End and drop a failed episode's session, so its key is retired and memory freed."""
         if session is None:
             return
+        collected = self.collector.expect(session.session_id) if self.collector is not None else None
         try:
             await session.end()
-            await session.export()
+            if collected is not None:  # the collector takes it (and it is dropped here), not the trainer
+                await asyncio.wait_for(collected, self.episode_timeout)
+            else:
+                await session.export()
         except Exception:  # noqa: BLE001 - best effort; the gateway's sweeper retires it otherwise
             pass
+        finally:
+            if collected is not None:
+                collected.cancel()
 
     # ------------------------------------------------------------------ groups
 
