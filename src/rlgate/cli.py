@@ -254,9 +254,12 @@ def serve_cluster(args: argparse.Namespace, admin_key: str) -> int:
         cluster.start()
         import uvicorn
 
+        from rlgate.server.serve import GatewayServer
+
         print(f"rlgate: {cfg.replicas} replicas up; router on http://{args.host}:{args.port}", flush=True)
-        uvicorn.run(cluster.make_router(), host=args.host, port=args.port, log_level=args.log_level,
-                    access_log=args.access_log, timeout_keep_alive=KEEP_ALIVE_S, lifespan="on")
+        GatewayServer(uvicorn.Config(cluster.make_router(), host=args.host, port=args.port, log_level=args.log_level,
+                                     access_log=args.access_log, timeout_keep_alive=KEEP_ALIVE_S, lifespan="on"),
+                      None).run()
     finally:
         cluster.stop()
         import ray

@@ -296,7 +296,7 @@ class Router:
         per: list[dict[str, Any]] = []
         summed: dict[str, int] = {}
         for r in self.table.replicas:
-            entry = r.describe()
+            entry = {**r.describe(), "url": r.url}  # admin only: where the replica listens
             if r.url and r.state != "down":
                 try:
                     status, _, data = await self.upstream.call(r.url, "GET", "/rl/metrics", headers, b"")
