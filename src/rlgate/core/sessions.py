@@ -18,6 +18,9 @@ import secrets
 import time
 from typing import Any
 
+from rlgate.config import GatewayConfig
+from rlgate.core.naming import DefaultNaming, SessionNaming
+from rlgate.core.request_scope import after_response
 from rlgate.errors import (
     AuthenticationFailed,
     Conflict,
@@ -27,9 +30,6 @@ from rlgate.errors import (
     RateLimited,
     Unavailable,
 )
-from rlgate.config import GatewayConfig
-from rlgate.core.naming import DefaultNaming, SessionNaming
-from rlgate.core.request_scope import after_response
 from rlgate.store.base import Store
 from rlgate.trajectory.export import ExportStyle, export_samples
 from rlgate.trajectory.interaction import Interaction, Session, TrajectoryMode
@@ -266,7 +266,7 @@ class SessionManager:
         self,
         session_id: str,
         *,
-        style: str = "individual",
+        style: ExportStyle = "individual",
         discount: float = 1.0,
         keep: bool = False,
         wait_timeout: float = 0.0,
