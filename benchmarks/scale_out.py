@@ -45,7 +45,11 @@ def start_server(model: str, extra: list[str]) -> tuple[str, subprocess.Popen]:
                              "--port", str(port), "--log-level", "warning", *extra], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    wait_healthy(url, proc, timeout=300)
+    try:
+        wait_healthy(url, proc, timeout=900)
+    except BaseException:
+        proc.kill()
+        raise
     return url, proc
 
 
@@ -108,9 +112,12 @@ def main() -> None:
     from rlgate.demo.tiny import build_tiny_model
 
     model = str(build_tiny_model(tempfile.mkdtemp(prefix="rlgate-bench-"), seed=0))
-    single, p1 = start_server(model, [])
-    router, p2 = start_server(model, ["--replicas", str(args.replicas), "--ray-num-cpus", str(args.replicas + 1)])
+    procs: list[subprocess.Popen] = []
     try:
+        single, p = start_server(model, [])
+        procs.append(p)
+        router, p = start_server(model, ["--replicas", str(args.replicas), "--ray-num-cpus", str(args.replicas + 1)])
+        procs.append(p)
         print(f"{'concurrency':>11} {'target':>16} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
         for conc in args.concurrency:
             for name, url in (("1 gateway", single), (f"router+{args.replicas} replicas", router)):
@@ -121,9 +128,9 @@ def main() -> None:
               f"direct p50 {lat['direct_p50_ms']:.3f} ms, via router {lat['router_p50_ms']:.3f} ms, "
               f"added {lat['added_p50_ms']:.3f} ms")
     finally:
-        for p in (p1, p2):
+        for p in procs:
             p.terminate()
-            p.wait(60)
+            p.wait(120)
 
 
 if __name__ == "__main__":

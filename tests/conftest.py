@@ -93,10 +93,10 @@ def ray_local(tmp_path_factory: pytest.TempPathFactory):
     8 logical CPUs on this 2-core machine: replicas reserve 1 each, rollout tasks 1 each; they
     spend most of their time waiting on sockets."""
     pytest.importorskip("ray")
+    import ray
+
     from rlgate.cluster.launch import init_ray
     from rlgate.config import ClusterConfig
-
-    import ray
 
     init_ray(ClusterConfig(ray_num_cpus=8, object_store_mb=80, namespace="rlgate-tests"))
     try:

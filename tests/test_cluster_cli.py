@@ -9,9 +9,9 @@ import sys
 
 import httpx
 import pytest
-from helpers import ADMIN_KEY, admin_headers, free_port, wait_healthy
 from openai import OpenAI
 
+from helpers import ADMIN_KEY, admin_headers, free_port, wait_healthy
 from rlgate.cluster.keys import session_id_replica
 
 pytestmark = pytest.mark.slow

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
-from helpers import ADMIN_KEY, admin_headers, key_headers
 from openai import APIStatusError, AsyncOpenAI
 
+from helpers import ADMIN_KEY, admin_headers, key_headers
 from rlgate.cluster.engines import FakeEngineSpec
 from rlgate.cluster.keys import session_id_replica
 from rlgate.cluster.launch import Cluster
@@ -94,12 +94,12 @@ def check_trajectory(export: dict, conv: Conversation, tokenizer, stop_ids, vers
     for s, reply in zip(samples, conv.replies, strict=True):
         ids, mask = s["input_ids"], s["loss_mask"]
         assert ids[: len(previous)] == previous, "a turn does not extend the previous turn token for token"
-        out = [t for t, m in zip(ids, mask) if m]
+        out = [t for t, m in zip(ids, mask, strict=True) if m]
         assert out[-1] in stop_ids and s["output_message"]["content"] == reply
         assert tokenizer.decode(out[:-1]).strip() == reply  # the reply, less the leading space the gateway trims
-        lps = [lp for lp, m in zip(s["logprobs"], mask) if m]
+        lps = [lp for lp, m in zip(s["logprobs"], mask, strict=True) if m]
         assert lps == pytest.approx([fake_logprob(t, i) for i, t in enumerate(out)])
-        vers = [v for v, m in zip(s["versions"], mask) if m]
+        vers = [v for v, m in zip(s["versions"], mask, strict=True) if m]
         assert vers == sorted(vers), "versions go back in time inside one reply"
         versions_seen.update(vers)
         mixed += len(set(vers)) > 1
@@ -185,14 +185,14 @@ async def test_a_killed_replica_fails_only_its_live_sessions_and_comes_back(clus
         assert len(on_victim) >= 3
         # acknowledged before the kill: half the victim's sessions rewarded and ended
         finished, live = on_victim[: len(on_victim) // 2], on_victim[len(on_victim) // 2:]
-        for sid, key in finished:
+        for _, key in finished:
             assert (await c.post("/rl/set_reward", json={"reward": 0.5}, headers=key_headers(key))).status_code == 200
             assert (await c.post("/rl/end_session", headers=key_headers(key))).status_code == 200
         old_pid = cluster.info_of(victim)["pid"]
         cluster.kill_replica(victim)
 
         # its live sessions fail with the reason (503 while it is down, 410 once it is back)
-        for sid, key in live:
+        for _, key in live:
             r = await turn(key, "after the kill")
             assert r.status_code in (503, 410), r.text
             assert r.json()["error"]["code"] in ("replica_unavailable", "session_interrupted")
@@ -218,7 +218,7 @@ async def test_a_killed_replica_fails_only_its_live_sessions_and_comes_back(clus
         await cluster.router.table.refresh()
         assert cluster.router.table.replicas[victim].state == "healthy"
         assert info["version"] == cluster.info_of(0)["version"]  # came back at the cluster's weights
-        for sid, key in finished:  # nothing acknowledged is lost
+        for sid, _ in finished:  # nothing acknowledged is lost
             r = await c.post("/export_trajectories", json={"session_id": sid}, headers=admin_headers())
             assert r.status_code == 200, r.text
             assert r.json()["status"] == "ended" and r.json()["interactions"][-1]["reward"] == 0.5

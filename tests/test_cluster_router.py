@@ -12,9 +12,9 @@ import asyncio
 import httpx
 import pytest
 from anthropic import AsyncAnthropic
-from helpers import ADMIN_KEY, admin_headers, key_headers
 from openai import AsyncOpenAI
 
+from helpers import ADMIN_KEY, admin_headers, key_headers
 from rlgate.cluster.directory import ReplicaTable, StaticDirectory
 from rlgate.cluster.keys import (
     ReplicaNaming,
@@ -118,7 +118,7 @@ async def test_sessions_spread_and_stick_to_their_replica(deployment):
         sessions = [await _start(c, f"task{i}") for i in range(24)]
         replicas = [session_id_replica(sid) for sid, _ in sessions]
         assert len(set(replicas)) == 3  # power of two choices spreads them out
-        for (sid, key), replica in zip(sessions, replicas, strict=True):
+        for (_, key), replica in zip(sessions, replicas, strict=True):
             assert key_replica(SECRET, key) == replica
         # every request of a session lands on its replica: two turns, then export there
         sid, key = sessions[0]

@@ -6,7 +6,8 @@
    at the door), in-flight generation paused inside each engine. From here until step 3 no
    replica produces a token.
 2. **load** the checkpoint on every paused replica (in parallel) as the next version (one
-   more than the newest any replica had: a replica that missed an update catches up). Tokens generated before the pause keep the old version, tokens after the
+   more than the newest any replica had: a replica that missed an update catches up).
+   Tokens generated before the pause keep the old version, tokens after the
    resume carry the new one: a request in flight across the update records both.
 3. **resume** every paused replica (always, also after a failure): generation continues
    where it stopped, then admission reopens.

@@ -74,7 +74,7 @@ class RayDirectory:
         return len(self.actors)
 
     async def fetch(self, index: int) -> dict[str, Any]:
-        return await self.actors[index].info.remote()  # type: ignore[no-any-return]
+        return await self.actors[index].info.remote()
 
 
 class Cluster:
@@ -97,7 +97,7 @@ class Cluster:
         init_ray(self.config)
         cls = ray.remote(GatewayReplica)
         for i in range(self.config.replicas):
-            self.actors.append(cls.options(  # type: ignore[attr-defined]
+            self.actors.append(cls.options(
                 name=f"{ACTOR_PREFIX}{i}", namespace=self.config.namespace, get_if_exists=False,
                 max_restarts=-1, max_task_retries=0, max_concurrency=16,
                 num_cpus=self.config.replica_num_cpus, num_gpus=self.config.replica_num_gpus,

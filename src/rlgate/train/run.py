@@ -203,6 +203,7 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
         print(f"resuming from {ckpt} (step {state.step})")
 
     server = engine = cluster = None
+    sync: Any
     if cfg.ray is not None:
         from rlgate.cluster.launch import init_ray
         from rlgate.config import ClusterConfig
@@ -210,7 +211,7 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
         init_ray(ClusterConfig(ray_address=cfg.ray.address, ray_num_cpus=cfg.ray.num_cpus))
     if cfg.ray is not None and cfg.ray.replicas > 0:
         cluster, client = _start_cluster(cfg, out)
-        sync: Any = RemoteSync(client, cfg.gateway.sync_dir or out / "sync")
+        sync = RemoteSync(client, cfg.gateway.sync_dir or out / "sync")
         if ckpt is not None:
             await sync.push(trainer.model)
     elif cfg.gateway.url:
@@ -218,7 +219,7 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
         if not admin_key:
             raise SystemExit("gateway.url needs gateway.admin_key or $RLGATE_ADMIN_KEY")
         client = GatewayClient(cfg.gateway.url, admin_key)
-        sync: Any = RemoteSync(client, cfg.gateway.sync_dir or out / "sync")
+        sync = RemoteSync(client, cfg.gateway.sync_dir or out / "sync")
         if ckpt is not None:
             await sync.push(trainer.model)  # the gateway must serve the resumed weights
     else:
