@@ -55,12 +55,19 @@ def init_ray(config: ClusterConfig) -> None:
         return
     if config.ray_address:
         ray.init(address=config.ray_address, namespace=config.namespace, log_to_driver=False)
-    else:
-        # a local cluster talks over loopback only
-        ray.init(num_cpus=config.ray_num_cpus, include_dashboard=False, namespace=config.namespace,
-                 _node_ip_address="127.0.0.1",
-                 object_store_memory=config.object_store_mb * 1024 * 1024, log_to_driver=False,
-                 configure_logging=False)
+        return
+    for attempt in range(3):
+        try:
+            # a local cluster talks over loopback only
+            ray.init(num_cpus=config.ray_num_cpus, include_dashboard=False, namespace=config.namespace,
+                     _node_ip_address="127.0.0.1", object_store_memory=config.object_store_mb * 1024 * 1024,
+                     log_to_driver=False, configure_logging=False)
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray gives its raylet a fixed 30 s to register
+            if attempt == 2 or "timed out during startup" not in str(exc):
+                raise
+            log.warning("local Ray cluster did not start in time (a busy machine?); trying again")
+            ray.shutdown()
 
 
 class RayDirectory:
@@ -90,7 +97,7 @@ class Cluster:
 
     # ------------------------------------------------------------------ replicas
 
-    def start(self, timeout: float = 300.0) -> Cluster:
+    def start(self, timeout: float = 900.0) -> Cluster:
         """Start the replica actors and wait until every one serves."""
         import ray
 

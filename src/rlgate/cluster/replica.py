@@ -138,8 +138,12 @@ class GatewayReplica:
         if spec.host in ("0.0.0.0", "::"):  # reachable from other nodes: advertise the node's address
             port = self.url.rsplit(":", 1)[1]
             self.url = f"http://{_node_ip()}:{port}"
-        self._on_loop(self._restore_weights())
         self.state = "healthy"
+        try:
+            self._on_loop(self._restore_weights())
+        except Exception as exc:  # noqa: BLE001 - serve nothing new until an update brings it to the version
+            self.state, self.reason = "stale", f"could not reload the last weights after a restart: {exc}"
+            log.error("replica %d: %s", index, self.reason)
         log.info("replica %d serving at %s (pid %d)", index, self.url, os.getpid())
 
     # ------------------------------------------------------------------ plumbing
