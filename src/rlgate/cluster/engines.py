@@ -59,9 +59,9 @@ class RemoteEngineSpec:
     def __call__(self, tokenizer: Any, index: int) -> Any:
         urls = self.backends[index % len(self.backends)]
         if self.kind == "sglang":
-            from rlgate.engine.sglang import SGLangEngine
+            from rlgate.engine.remote.sglang import SGLangEngine
 
             return SGLangEngine(urls, **self.options)
-        from rlgate.engine.vllm import VLLMEngine
+        from rlgate.engine.remote.vllm import VLLMEngine
 
         return VLLMEngine(urls, **self.options)

@@ -63,9 +63,9 @@ def remote_engine_from_args(args: argparse.Namespace, *, fallback_context: int |
         raise SystemExit(f"rlgate: --engine {args.engine} needs at least one --backend-url")
     options = remote_engine_options(args, fallback_context=fallback_context)
     if args.engine == "sglang":
-        from rlgate.engine.sglang import SGLangEngine
+        from rlgate.engine.remote.sglang import SGLangEngine
 
         return SGLangEngine(args.backend_url, **options)
-    from rlgate.engine.vllm import VLLMEngine
+    from rlgate.engine.remote.vllm import VLLMEngine
 
     return VLLMEngine(args.backend_url, **options)
