@@ -16,8 +16,9 @@ Weight updates are driven by :class:`~rlgate.cluster.controller.WeightController
 phases, each an actor call:
 
 1. :meth:`pause`: admission paused (generation requests that arrive wait at the door, see
-   :class:`AdmissionGate`) and in-flight generation paused inside the engine
-   (``pause_generation``), so no replica produces a token while versions change;
+   :class:`AdmissionGate`) and in-flight generation paused inside the engine where it can
+   (``pause_generation``: the fake engine; the local engine loads between decoding steps,
+   remote engines pause their backends during their own load);
 2. :meth:`load`: the checkpoint is loaded; the engine's version goes up by one;
 3. :meth:`resume`: generation continues, then admission reopens.
 
