@@ -26,6 +26,7 @@ from rlgate.api.openapi import install_openapi
 from rlgate.config import GatewayConfig
 from rlgate.core.gateway import Gateway
 from rlgate.core.generation import GenerationService
+from rlgate.core.naming import SessionNaming
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine
 from rlgate.metrics.gateway import GatewayMetrics
@@ -45,9 +46,12 @@ def create_app(
     tokenizer: Any,
     *,
     stop_token_ids: list[int] | None = None,
+    naming: SessionNaming | None = None,
 ) -> FastAPI:
+    """``naming``: how session keys and ids are made (default: random keys, ``{task_id}-{k}``
+    ids; gateway replicas behind a router pass one whose keys name the replica)."""
     metrics = GatewayMetrics(config)
-    sessions = SessionManager(config, store, metrics)
+    sessions = SessionManager(config, store, naming, metrics)
     sessions.restore()
     stops = config.stop_token_ids or stop_token_ids
     if not stops:
