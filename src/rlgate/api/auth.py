@@ -21,8 +21,11 @@ from rlgate.errors import AuthenticationFailed, GatewayError, PermissionDenied
 from rlgate.trajectory.interaction import Session
 
 # Routes only the admin key may call: a wrong token gets 403 there (401 elsewhere).
-ADMIN_ONLY_PATHS = frozenset({"/grant_capacity", "/rl/start_session", "/export_trajectories",
-                              "/rl/update_weights", "/rl/metrics"})
+ADMIN_ONLY_PATHS = frozenset({"/grant_capacity", "/rl/start_session", "/export_trajectories", "/rl/collect",
+                              "/rl/update_weights", "/rl/metrics", "/metrics"})
+# Routes that authenticate from their body or a cookie (the viewer's login form): the early gate
+# leaves them to their own checks (their bodies are small and bounded by the body limit).
+OWN_AUTH_PREFIXES = ("/ui/",)
 
 
 def token_from_headers(headers: Mapping[str, str]) -> str | None:
@@ -74,8 +77,11 @@ def is_admin_request(request: Request) -> bool:
 def authenticate_early(
     path: str, headers: Mapping[str, str], sessions: SessionManager
 ) -> tuple[Session | None, GatewayError | None]:
-    """``(session, None)`` for a session key, ``(None, None)`` for the admin key, ``(None, error)``
-    for a missing or unknown key (the error the route itself would answer)."""
+    """``(session, None)`` for a session key, ``(None, None)`` for the admin key or a route with its
+    own authentication, ``(None, error)`` for a missing or unknown key (the error the route itself
+    would answer)."""
+    if path.startswith(OWN_AUTH_PREFIXES):
+        return None, None
     token = token_from_headers(headers)
     if token is None:
         return None, _missing()

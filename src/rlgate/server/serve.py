@@ -72,10 +72,14 @@ class GatewayServer(uvicorn.Server):
         # Unlike uvicorn, do not re-raise the signal: a graceful shutdown exits 0.
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.gateway.sessions.accepting = False  # first: no new sessions from here on
+        if self.gateway is not None:  # None: the cluster router (it holds no sessions)
+            self.gateway.sessions.accepting = False  # first: no new sessions from here on
         super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: Any = None) -> None:
+        if self.gateway is None:
+            await super().shutdown(sockets)
+            return
         self.gateway.sessions.accepting = False
         in_flight = sum(s.in_flight for s in self.gateway.sessions.sessions.values())
         log.warning("shutting down: admitting no new sessions; %d generations in flight get up to %.0f s",
@@ -102,7 +106,8 @@ def fit_connections(max_connections: int) -> int:
 
 
 def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info", access_log: bool = False,
-                   shutdown_timeout: float = 30.0, max_connections: int | None = None) -> uvicorn.Config:
+                   shutdown_timeout: float = 30.0, max_connections: int | None = None,
+                   timeout_keep_alive: int = KEEP_ALIVE_S) -> uvicorn.Config:
     """The uvicorn settings every way of serving the gateway shares (``serve``, ``ServerThread``).
     Other apps (the fake inference servers of tests) get the same settings with uvicorn's h11."""
     gateway = getattr(app.state, "gateway", None) if hasattr(app, "state") else None
@@ -112,7 +117,7 @@ def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info", a
     return uvicorn.Config(
         app, host=host, port=port, log_level=log_level, access_log=access_log, lifespan="on",
         timeout_graceful_shutdown=shutdown_timeout,  # type: ignore[arg-type]
-        timeout_keep_alive=KEEP_ALIVE_S, http=http, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        timeout_keep_alive=timeout_keep_alive, http=http, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )
 
 
