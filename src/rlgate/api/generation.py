@@ -26,7 +26,8 @@ from rlgate.api.errors import ContextLengthExceeded, InvalidRequest, Unavailable
 from rlgate.chat.conversation import Message, ToolSpec, tools_digest
 from rlgate.chat.output import ContentDelta, OutputAssembler, OutputEvent, ReasoningDelta, openai_call_id
 from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser
-from rlgate.chat.render import BridgeError, ChatRenderer, TemplateError
+from rlgate.chat.families.base import BridgeError, ModelFamily, ParentTurn, TemplateError
+from rlgate.chat.families.registry import resolve_family
 from rlgate.config import GatewayConfig
 from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
 from rlgate.server.limits import check_request_limits
@@ -97,18 +98,26 @@ class GenerationService:
         tokenizer: Any,
         sessions: SessionManager,
         stop_token_ids: list[int],
+        family: ModelFamily | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.tokenizer = tokenizer
-        self.renderer = ChatRenderer(tokenizer)
+        self.family = family if family is not None else resolve_family(tokenizer, config.model_family)
+        self.renderer = self.family.renderer(tokenizer)
         self.sessions = sessions
-        self.stop_token_ids = tuple(stop_token_ids)
+        stops = list(stop_token_ids)
+        stops += [t for t in self.family.stop_token_ids(tokenizer) if t not in stops]
+        self.stop_token_ids = tuple(stops)
+        self.tool_parser = self.family.tool_parser if config.tool_parser == "auto" else config.tool_parser
+        self.reasoning_parser = (
+            self.family.reasoning_parser if config.reasoning_parser == "auto" else config.reasoning_parser
+        )
         # Validate parser names once, at startup.
-        if config.tool_parser:
-            get_tool_parser(config.tool_parser)
-        if config.reasoning_parser:
-            get_reasoning_parser(config.reasoning_parser)
+        if self.tool_parser:
+            get_tool_parser(self.tool_parser)
+        if self.reasoning_parser:
+            get_reasoning_parser(self.reasoning_parser)
 
     @property
     def context_length(self) -> int:
@@ -128,9 +137,10 @@ class GenerationService:
         if parent is not None and session.mode == "token_exact":
             try:
                 bridge = self.renderer.bridge_ids(
+                    parent=ParentTurn(parent.prompt_ids, parent.output_ids,
+                                      parent.output_message,  # type: ignore[arg-type]
+                                      self._stop_text(parent)),
                     leading_system=req.messages[0] if req.messages[0].role == "system" else None,
-                    parent_reply=parent.output_message,  # type: ignore[arg-type]
-                    parent_stop_text=self._stop_text(parent),
                     new_messages=req.messages[covered:],
                     tools=req.tools,
                     template_kwargs=req.template_kwargs,
@@ -224,13 +234,19 @@ class GenerationService:
     # ------------------------------------------------------------------ run
 
     def _assembler(self, p: Prepared) -> OutputAssembler:
-        parse_tools = bool(p.request.tools) and p.request.tool_choice != "none" and self.config.tool_parser
+        parse_tools = bool(p.request.tools) and p.request.tool_choice != "none" and self.tool_parser
+        reasoning = None
+        if self.reasoning_parser:
+            # Templates whose generation prompt opens the reasoning block (Qwen3-Thinking-2507,
+            # DeepSeek-R1) produce replies that start inside it.
+            reasoning = get_reasoning_parser(self.reasoning_parser,
+                                             starts_in_reasoning=self.renderer.reasoning_open(p.prompt_ids))
         return OutputAssembler(
             self.tokenizer,
             stop_token_ids=self.stop_token_ids,
             stop_strings=p.request.stop,
-            tool_parser=get_tool_parser(self.config.tool_parser) if parse_tools else None,  # type: ignore[arg-type]
-            reasoning_parser=get_reasoning_parser(self.config.reasoning_parser) if self.config.reasoning_parser else None,
+            tool_parser=get_tool_parser(self.tool_parser) if parse_tools else None,  # type: ignore[arg-type]
+            reasoning_parser=reasoning,
             call_id=p.call_id,
         )
 

@@ -50,7 +50,12 @@ class ToolParser(ABC):
 
 
 class ReasoningParser(ABC):
-    """Splits generated text into reasoning and content, incrementally."""
+    """Splits generated text into reasoning and content, incrementally.
+
+    Subclasses take ``starts_in_reasoning`` (the prompt already opened the reasoning block)."""
+
+    def __init__(self, starts_in_reasoning: bool = False) -> None:
+        self.starts_in_reasoning = starts_in_reasoning
 
     @abstractmethod
     def feed(self, text: str) -> list[ReasoningEvent]: ...
@@ -96,11 +101,13 @@ def get_tool_parser(name: str) -> ToolParser:
         raise ValueError(f"unknown tool parser {name!r}; known: {tool_parser_names()}") from None
 
 
-def get_reasoning_parser(name: str) -> ReasoningParser:
+def get_reasoning_parser(name: str, *, starts_in_reasoning: bool = False) -> ReasoningParser:
+    """A fresh parser; ``starts_in_reasoning``: the prompt already opened the reasoning block."""
     try:
-        return _REASONING_PARSERS[name]()
+        cls = _REASONING_PARSERS[name]
     except KeyError:
         raise ValueError(f"unknown reasoning parser {name!r}; known: {reasoning_parser_names()}") from None
+    return cls(starts_in_reasoning=starts_in_reasoning)  # type: ignore[call-arg]
 
 
 def partial_suffix_len(buf: str, marker: str) -> int:
