@@ -171,7 +171,7 @@ class GenerationService:
 
     def _stop_text(self, parent: Interaction) -> str | None:
         if parent.stop_kind == "stop_token" and parent.output_ids and parent.output_ids[-1] in self.stop_token_ids:
-            return self.renderer.decode([parent.output_ids[-1]])
+            return self.tokenizer.decode([parent.output_ids[-1]], skip_special_tokens=False)
         return None
 
     # ------------------------------------------------------------------ prepare

@@ -24,7 +24,7 @@ FAMILY = ModelFamily(
     title="gpt-oss (harmony)",
     detect=detect,
     build_renderer=jinja_backend(reasoning_start=None, close_aliases={"<|return|>": "<|end|>"}),
-    tool_parser="harmony",
+    tool_parser=None,  # the harmony parser yields reasoning, content and tool calls together
     reasoning_parser="harmony",
     stop_tokens=("<|return|>", "<|call|>"),
     history="drops the analysis (reasoning) of turns before the last final answer; <|return|> becomes <|end|>",

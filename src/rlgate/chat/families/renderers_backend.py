@@ -73,7 +73,7 @@ class RenderersRenderer:
         key = canonical_json(template_kwargs or {})
         r = self._renderers.get(key)
         if r is None:
-            config = self._config_cls(**self._options)
+            config = self._config_cls(**{"thinking_retention": "all", **self._options})
             try:
                 config = merge_chat_template_kwargs(config, template_kwargs or None)
             except (ValueError, TypeError) as exc:
