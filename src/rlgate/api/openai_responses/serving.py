@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlgate.api.common import extra_fields, sse, tool_spec
-from rlgate.api.errors import GatewayError, InvalidRequest
-from rlgate.api.generation import ChatRequest, Finished, GenerationService, Prepared
+from rlgate.errors import GatewayError, InvalidRequest
+from rlgate.core.generation import Finished, GenerationService, Prepared
+from rlgate.core.request import ChatRequest
 from rlgate.api.openai_chat.serving import parse_image_url
 from rlgate.api.openai_responses.protocol import (
     IGNORED_PARAMS,
