@@ -150,9 +150,10 @@ def _corpus(seed: int) -> list[str]:
     return lines
 
 
-def train_bpe(seed: int = 0, vocab_size: int = 4096, special_tokens: list[str] | None = None):
-    """A byte-level BPE (``tokenizers.Tokenizer``) trained on the generated corpus."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+def build_tokenizer(seed: int = 0, vocab_size: int = 4096):
+    """Train the byte-level BPE and wrap it as a ``PreTrainedTokenizerFast``."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     # Digits are split one by one (as in Qwen2.5), then GPT-2 style byte-level pieces.
@@ -164,20 +165,11 @@ def train_bpe(seed: int = 0, vocab_size: int = 4096, special_tokens: list[str] |
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
-        special_tokens=SPECIAL_TOKENS if special_tokens is None else special_tokens,
+        special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(seed), trainer=trainer)
-    return tok
-
-
-def build_tokenizer(seed: int = 0, vocab_size: int = 4096):
-    """Train the byte-level BPE and wrap it as a ``PreTrainedTokenizerFast``."""
-    from tokenizers import AddedToken
-    from transformers import PreTrainedTokenizerFast
-
-    tok = train_bpe(seed, vocab_size)
     tok.add_special_tokens([AddedToken(t, special=t not in _NON_CONTROL, normalized=False)
                             for t in SPECIAL_TOKENS])
     fast = PreTrainedTokenizerFast(

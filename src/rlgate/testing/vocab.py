@@ -114,11 +114,36 @@ def qwen35_added() -> list[tuple[str, bool]]:
     return [(t, t not in markup) for _, t in QWEN3_5_SPECIAL_TOKENS]
 
 
-def synthetic_bpe(seed: int = 0, vocab_size: int = 4096) -> Any:
-    """A small byte-level BPE trained on the demo corpus (no special tokens yet)."""
-    from rlgate.demo.tiny import train_bpe
+_WORDS = ("the a of to and in is it you that for on are with as be at this from or by what can all "
+          "there when up use your how said each which do their time if will way about many then them write "
+          "would like so these make see has look more day could go come did number no most people add sum "
+          "total answer question tool call function result value error true false null think step user "
+          "assistant system brief thanks welcome say something more polite numbers").split()
 
-    return train_bpe(seed=seed, vocab_size=vocab_size, special_tokens=[])
+
+def synthetic_bpe(seed: int = 0, vocab_size: int = 2048) -> Any:
+    """A small byte-level BPE trained on a generated corpus (no special tokens yet)."""
+    import json
+    import random
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    rng = random.Random(seed)
+    lines = [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 14))) + rng.choice(".?!,")
+             for _ in range(2000)]
+    lines += [json.dumps({"name": rng.choice(_WORDS), "arguments": {"a": rng.randint(0, 99), "b": rng.randint(0, 99)}})
+              for _ in range(300)]
+    lines += [f"{rng.randint(0, 999)} + {rng.randint(0, 999)} = {rng.randint(0, 1999)}" for _ in range(500)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(lines, trainer=trainer)
+    return tok
 
 
 def wrap(bpe: Any, spec: TokenizerSpec, chat_template: str, *, model_max_length: int = 32768) -> Any:
