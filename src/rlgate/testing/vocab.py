@@ -79,8 +79,8 @@ def qwen_bpe(variant: str = "qwen3") -> Any:
     ranks: dict[bytes, int] = {}
     for line in (_qwen_resources() / name).read_bytes().splitlines():
         if line:
-            tok, rank = line.split()
-            ranks[base64.b64decode(tok)] = int(rank)
+            b64, rank = line.split()
+            ranks[base64.b64decode(b64)] = int(rank)
     byte_encoder = bytes_to_unicode()
 
     def to_str(b: bytes) -> str:

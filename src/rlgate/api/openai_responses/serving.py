@@ -322,7 +322,9 @@ def response_json(
 def usage_json(service: GenerationService, f: Finished) -> dict[str, Any]:
     # Reasoning tokens are counted by re-encoding the reasoning text (the markup and the
     # exact token split are not tracked per token); never more than the output.
-    reasoning_tokens = min(len(service.renderer.encode(f.reasoning)), f.completion_tokens) if f.reasoning else 0
+    reasoning_tokens = 0
+    if f.reasoning:
+        reasoning_tokens = min(len(service.tokenizer.encode(f.reasoning, add_special_tokens=False)), f.completion_tokens)
     return {
         "input_tokens": f.prompt_tokens,
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},

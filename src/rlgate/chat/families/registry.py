@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlgate.chat.families import deepseek_r1, gpt_oss, glm45, kimi_k2, llama3, qwen3, qwen3_2507, qwen3_5
+from rlgate.chat.families import deepseek_r1, glm45, gpt_oss, kimi_k2, llama3, qwen3, qwen3_5, qwen3_2507
 from rlgate.chat.families.base import CheckpointInfo, ModelFamily
 from rlgate.chat.families.generic import generic_family
 

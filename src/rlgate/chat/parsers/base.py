@@ -107,7 +107,7 @@ def get_reasoning_parser(name: str, *, starts_in_reasoning: bool = False) -> Rea
         cls = _REASONING_PARSERS[name]
     except KeyError:
         raise ValueError(f"unknown reasoning parser {name!r}; known: {reasoning_parser_names()}") from None
-    return cls(starts_in_reasoning=starts_in_reasoning)  # type: ignore[call-arg]
+    return cls(starts_in_reasoning=starts_in_reasoning)
 
 
 def partial_suffix_len(buf: str, marker: str) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from rlgate.chat.parsers.base import (
     ContentText,
@@ -41,9 +42,9 @@ class HarmonyParser(ReasoningParser):
         self._recipient: str | None = None
         self._body = ""  # tool-call arguments being collected
 
-    def feed(self, text: str) -> list:  # type: ignore[type-arg]
+    def feed(self, text: str) -> list[Any]:
         self._buf += text
-        out: list = []  # type: ignore[type-arg]
+        out: list[Any] = []
         while self._buf:
             if self._header is not None:  # reading a header, up to <|message|>
                 i = self._buf.find(MESSAGE)
@@ -71,8 +72,8 @@ class HarmonyParser(ReasoningParser):
             self._header = ""
         return out
 
-    def finish(self) -> list:  # type: ignore[type-arg]
-        out: list = []  # type: ignore[type-arg]
+    def finish(self) -> list[Any]:
+        out: list[Any] = []
         rest, self._buf = self._buf, ""
         if self._header is not None:
             if self._header or rest:  # a header never completed: keep its text as content
@@ -94,7 +95,7 @@ class HarmonyParser(ReasoningParser):
         self._recipient = m.group(1) if m else None
         self._body = ""
 
-    def _body_text(self, text: str) -> list:  # type: ignore[type-arg]
+    def _body_text(self, text: str) -> list[Any]:
         if not text:
             return []
         if self._recipient is not None:
@@ -104,7 +105,7 @@ class HarmonyParser(ReasoningParser):
             return [ReasoningText(text)]
         return [ContentText(text)]
 
-    def _close(self) -> list:  # type: ignore[type-arg]
+    def _close(self) -> list[Any]:
         if self._recipient is None:
             return []
         name, body = self._recipient, self._body
