@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 
 # family -> (reasoning + answer, reasoning + tool call, tool call alone, answer alone); "{R}" reasoning,
-# "{A}" answer, "{N}" tool name, "{J}" JSON arguments, "{a}"/"{b}" argument values.
+# "{A}" answer, "{N}" tool name, "{J}" JSON arguments, "{a}"/"{b}" argument values, "{I}" the index of
+# the call in the conversation (Kimi-K2 numbers its calls).
 _QWEN_CALL = '<tool_call>\n{{"name": "{N}", "arguments": {J}}}\n</tool_call>'
 
 
@@ -57,19 +58,20 @@ FORMATS: dict[str, Format] = {
                     "<think></think>\n<tool_call>{N}\n<arg_key>a</arg_key>\n<arg_value>{a}</arg_value>\n"
                     "<arg_key>b</arg_key>\n<arg_value>{b}</arg_value>\n</tool_call>",
                     "<think></think>\n{A}", "<|user|>", "<|observation|>"),
-    "kimi_k2": Format(None, None, "<|tool_calls_section_begin|><|tool_call_begin|>functions.{N}:0"
+    "kimi_k2": Format(None, None, "<|tool_calls_section_begin|><|tool_call_begin|>functions.{N}:{I}"
                       "<|tool_call_argument_begin|>{J}<|tool_call_end|><|tool_calls_section_end|>",
                       "{A}", "<|im_end|>", "<|im_end|>", reasoning=False),
 }
 
 
 def reply_text(family: str, kind: str, *, reasoning: str = "", answer: str = "", name: str = "add",
-               args: dict[str, int] | None = None) -> tuple[str, str]:
+               args: dict[str, int] | None = None, index: int = 0) -> tuple[str, str]:
     """(text, stop token) of a reply of ``kind``: think_answer | think_call | call | answer."""
     f = FORMATS[family]
     if not f.reasoning:
         kind = {"think_answer": "answer", "think_call": "call"}.get(kind, kind)
     template = getattr(f, kind)
     args = args or {}
-    text = template.format(R=reasoning, A=answer, N=name, J=json.dumps(args), a=args.get("a"), b=args.get("b"))
+    text = template.format(R=reasoning, A=answer, N=name, J=json.dumps(args), a=args.get("a"), b=args.get("b"),
+                           I=index)
     return text, (f.call_stop if kind.endswith("call") else f.stop)

@@ -30,7 +30,7 @@ def _params(families: list[str]) -> list[Any]:
 
 REAL_TEMPLATES = {"qwen3", "qwen3_2507_thinking", "qwen3_2507_instruct", "deepseek_r1", "llama3", "gpt_oss"}
 # Families whose template renders every earlier turn as it was generated (no history rewriting).
-STABLE_HISTORY = {"llama3"}  # kimi_k2 joins once its tool-call ids render as the model writes them
+STABLE_HISTORY = {"llama3", "kimi_k2"}
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
 # Llama 3's template puts today's date in the system turn; pin it.
@@ -137,7 +137,7 @@ def _turns(family: str) -> list[tuple[str, dict[str, Any]]]:
     return [
         ("think_call", {"reasoning": "I should add 1 and 2.", "args": {"a": 1, "b": 2}}),
         ("think_answer", {"reasoning": "The tool said 3.", "answer": "1 + 2 = 3."}),
-        ("call", {"args": {"a": 3, "b": 4}}),
+        ("call", {"args": {"a": 3, "b": 4}, "index": 1}),
         ("answer", {"answer": "3 + 4 = 7."}),
         ("think_answer", {"reasoning": "Polite.", "answer": "You are welcome!"}),
     ]

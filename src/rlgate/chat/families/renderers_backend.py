@@ -15,12 +15,17 @@ exactly (the package may close a truncated turn, which then becomes part of our 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from rlgate.chat.conversation import Message, ToolSpec, canonical_json
 from rlgate.chat.families.base import BridgeError, ModelFamily, ParentTurn, TemplateError
 
 _MAX_CONFIGS = 32  # distinct template-kwarg sets kept per gateway
+
+# A family's rewrite of the messages before they are rendered: (messages, parent turn when
+# bridging, tokenizer) -> messages (Kimi-K2: tool-call ids as the model writes them).
+Prepare = Callable[[list[Message], ParentTurn | None, Any], list[Message]]
 
 
 def to_renderers_message(msg: Message) -> dict[str, Any]:
@@ -53,7 +58,8 @@ class RenderersRenderer:
     """A :class:`~rlgate.chat.families.base.PromptRenderer` backed by one ``renderers`` renderer."""
 
     def __init__(self, tokenizer: Any, renderer_name: str, *, options: dict[str, Any] | None = None,
-                 generation_prefix: str = "", reasoning_start: str | None = "<think>") -> None:
+                 generation_prefix: str = "", reasoning_start: str | None = "<think>",
+                 prepare: Prepare | None = None) -> None:
         from renderers import config_from_name
 
         self.name = f"renderers:{renderer_name}"
@@ -64,6 +70,7 @@ class RenderersRenderer:
         # does not (Qwen3-Thinking-2507: "<think>\n", which the package maps to plain Qwen3).
         self._prefix_ids = list(tokenizer.encode(generation_prefix, add_special_tokens=False)) if generation_prefix else []
         self.reasoning_start = reasoning_start
+        self._prepare = prepare
         self._renderers: dict[str, Any] = {}
         self._renderer({})  # fail at startup, not on the first request
 
@@ -92,6 +99,8 @@ class RenderersRenderer:
                    template_kwargs: dict[str, Any] | None = None) -> list[int]:
         r = self._renderer(template_kwargs)
         try:
+            if self._prepare is not None:
+                messages = self._prepare(messages, None, self.tokenizer)
             ids = list(r.render_ids([to_renderers_message(m) for m in messages], tools=self._tools(tools),
                                     add_generation_prompt=True))
         except (ValueError, TypeError, KeyError, AssertionError) as exc:
@@ -103,6 +112,8 @@ class RenderersRenderer:
                    cache_key: str | None = None) -> list[int]:
         r = self._renderer(template_kwargs)
         head = parent.prompt_ids + parent.output_ids
+        if self._prepare is not None:
+            new_messages = self._prepare(new_messages, parent, self.tokenizer)
         try:
             out = r.bridge_to_next_turn(parent.prompt_ids, parent.output_ids,
                                         [to_renderers_message(m) for m in new_messages], tools=self._tools(tools))
