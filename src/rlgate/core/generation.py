@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlgate.chat.conversation import DigestChain, Message, tools_digest
-from rlgate.chat.output import ContentDelta, OutputAssembler, OutputEvent, ReasoningDelta, openai_call_id
-from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser
 from rlgate.chat.families.base import BridgeError, ModelFamily, ParentTurn, TemplateError
 from rlgate.chat.families.registry import resolve_family
+from rlgate.chat.output import ContentDelta, OutputAssembler, OutputEvent, ReasoningDelta, openai_call_id
+from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser
 from rlgate.config import GatewayConfig
 from rlgate.core.limits import check_request_limits
 from rlgate.core.request import ChatRequest

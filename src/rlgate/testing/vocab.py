@@ -87,12 +87,12 @@ def qwen_bpe(variant: str = "qwen3") -> Any:
         return "".join(byte_encoder[c] for c in b)
 
     merges: list[tuple[int, int, int, bytes, bytes]] = []
-    for token, rank in ranks.items():
+    for token, token_rank in ranks.items():
         for i in range(1, len(token)):
             left, right = token[:i], token[i:]
             lr, rr = ranks.get(left), ranks.get(right)
             if lr is not None and rr is not None:
-                merges.append((rank, lr, rr, left, right))
+                merges.append((token_rank, lr, rr, left, right))
     merges.sort()
     vocab = {to_str(t): r for t, r in ranks.items()}
     bpe = models.BPE(vocab, [(to_str(m[3]), to_str(m[4])) for m in merges], fuse_unk=False, ignore_merges=True)
