@@ -348,3 +348,53 @@ async def test_local_engine_logprobs_match_teacher_forcing(family_dirs, family_t
              for i, (t, m, lp) in enumerate(zip(sample["input_ids"], sample["loss_mask"], sample["logprobs"], strict=True)) if m]
     assert len(diffs) == sum(sample["loss_mask"]) > 0
     assert max(diffs) < 1e-4
+
+
+# --------------------------------------------------------------------------- rlgate serve
+
+
+@pytest.mark.parametrize("family", _params(["llama3", "qwen3"]))
+def test_serve_detects_and_prints_the_family(family_dirs, family):
+    """``rlgate serve --model DIR`` picks the family's renderer and parsers and says so; --renderer overrides."""
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+
+    from helpers import free_port, wait_healthy
+    from rlgate.chat.families.registry import get_family
+
+    path = family_dirs(family)
+    fam = get_family(family)
+    env = {**os.environ, "RLGATE_ADMIN_KEY": ADMIN_KEY}
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(path), "--engine", "fake",
+         "--port", str(port), "--log-level", "warning"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = ""
+        for _ in range(50):  # warnings may come first; "" once the process has exited
+            line = proc.stdout.readline()
+            if not line or "model family" in line:
+                break
+        assert f"model family {fam.title} ({family})" in line, line
+        assert f"tool parser {fam.tool_parser}" in line and f"reasoning parser {fam.reasoning_parser or 'none'}" in line
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, proc)
+        r = httpx.post(url + "/rl/start_session", json={"task_id": "x"}, headers=admin_headers())
+        assert r.status_code == 200, r.text
+        r = httpx.post(url + "/v1/chat/completions", headers=key_headers(r.json()["api_key"]), timeout=60,
+                       json={"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "max_tokens": 4})
+        assert r.status_code == 200, r.text
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+    r = subprocess.run([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(path), "--engine", "fake",
+                        "--port", str(free_port()), "--renderer", "no-such-family"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "unknown renderer 'no-such-family'" in r.stderr + r.stdout

@@ -48,8 +48,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admin-key-file", default=None, help="write the (generated) admin key to this file, mode 0600")
     p.add_argument("--capacity-mode", choices=["unlimited", "granted"], default="unlimited")
     p.add_argument("--trajectory-mode", choices=["token_exact", "rerender"], default="token_exact")
-    p.add_argument("--tool-parser", default="hermes", help="tool-call parser ('none' to disable)")
-    p.add_argument("--reasoning-parser", default=None, help="reasoning parser, e.g. 'think'")
+    p.add_argument("--renderer", default="auto",
+                   help="model family: renderer, parsers and stop tokens ('auto': detected from config.json and the "
+                        "chat template; 'jinja': the checkpoint's own template), e.g. qwen3, llama3, gpt_oss")
+    p.add_argument("--tool-parser", default="auto", help="tool-call parser ('auto': the family's; 'none' to disable)")
+    p.add_argument("--reasoning-parser", default="auto",
+                   help="reasoning parser ('auto': the family's; 'none' to disable), e.g. 'think'")
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--default-max-tokens", type=int, default=512)
     p.add_argument("--max-tokens-cap", type=int, default=None)
@@ -113,8 +117,9 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         admin_key=admin_key,
         capacity_mode=args.capacity_mode,
         trajectory_mode=args.trajectory_mode,
+        model_family=None if args.renderer in (None, "auto") else args.renderer,
         tool_parser=None if args.tool_parser in (None, "none") else args.tool_parser,
-        reasoning_parser=args.reasoning_parser,
+        reasoning_parser=None if args.reasoning_parser in (None, "none") else args.reasoning_parser,
         default_max_tokens=args.default_max_tokens,
         max_tokens_cap=args.max_tokens_cap,
         context_length=args.context_length,
@@ -154,10 +159,17 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         raise SystemExit(f"rlgate: {exc}") from exc
     logging.getLogger("rlgate").info("store: %s", getattr(store, "path", ":memory: (nothing is persisted)"))
     try:
-        return create_app(config, engine, store, tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model))
+        app = create_app(config, engine, store, tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model))
+    except ValueError as exc:  # an unknown --renderer / parser name
+        store.close()
+        raise SystemExit(f"rlgate: {exc}") from exc
     except BaseException:
         store.close()
         raise
+    gen = app.state.gateway.generation
+    print(f"rlgate: model family {gen.family.title} ({gen.family.name}); renderer {gen.renderer.name}; "
+          f"tool parser {gen.tool_parser or 'none'}; reasoning parser {gen.reasoning_parser or 'none'}", flush=True)
+    return app
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
