@@ -63,6 +63,39 @@ def test_branching_tree_discount_hand_computed():
     assert r["f"] == 5
 
 
+def _turn(iid, messages, reply, parent=None, reward=None, fork_reason=None):
+    i = inter(iid, parent, reward, relation="extend" if parent else ("fork" if fork_reason else "root"))
+    i.messages, i.output_message, i.fork_reason = messages, Message.of("assistant", reply), fork_reason
+    return i
+
+
+def test_a_fork_stays_in_its_conversation_and_passes_rewards_back():
+    """Lineage by messages: a turn that forked (other tools, an unbridgeable template) continues the
+    turn whose messages + reply its messages extend; a side request is a conversation of its own."""
+    sys_, q1, q2, q3 = (Message.of("system", "S"), Message.of("user", "q1"), Message.of("user", "q2"),
+                        Message.of("user", "q3"))
+    a1, b1 = Message.of("assistant", "A1", reasoning="dropped by the client"), Message.of("assistant", "B1")
+    a = _turn("a", [sys_, q1], "A1")
+    b = _turn("b", [sys_, q1, a1, q2], "B1", parent="a")
+    c = _turn("c", [sys_, q1, a1, q2, b1, q3], "C1", reward=10, fork_reason="no_prefix_match")
+    d = _turn("d", [Message.of("user", "title?")], "T", fork_reason="no_prefix_match")
+    e = _turn("e", [sys_, q1], "A1 again", reward=1, fork_reason="no_prefix_match")  # a retry of turn 1
+    samples, stats = export_samples([a, b, c, d, e], style="concat", discount=0.5)
+    by_leaf = {s["id"]: s for s in samples}
+    assert stats["fork"] == 3 and stats["conversations"] == 3
+    assert by_leaf["b"]["turn_rewards"] == [pytest.approx(2.5), pytest.approx(5.0)]  # c's 10 crossed the fork
+    assert by_leaf["b"]["conversation_id"] == by_leaf["c"]["conversation_id"] == "a"
+    assert by_leaf["c"]["fork_reason"] == "no_prefix_match" and by_leaf["c"]["lineage_parent_id"] == "b"
+    assert by_leaf["c"]["parent_id"] is None and by_leaf["c"]["chain"] == ["c"]
+    assert by_leaf["d"]["conversation_id"] == "d" and by_leaf["d"]["lineage_parent_id"] is None
+    assert by_leaf["e"]["conversation_id"] == "e"  # nothing before turn 1: a new conversation
+    assert by_leaf["b"]["fork_reason"] is None and by_leaf["b"]["lineage_parent_id"] is None
+    individual, _ = export_samples([a, b, c, d, e], style="individual", discount=0.5)
+    assert {s["id"]: s["lineage_parent_id"] for s in individual} == {"a": None, "b": "a", "c": "b", "d": None,
+                                                                   "e": None}
+    assert [s["reward"] for s in individual] == [pytest.approx(2.5), pytest.approx(5.0), 10, None, 1]
+
+
 def test_unrewarded_tree_stays_none():
     r = discounted_rewards([inter("a"), inter("b", "a")], 0.9)
     assert r == {"a": None, "b": None}

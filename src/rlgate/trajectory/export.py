@@ -5,6 +5,11 @@ Sample (one dict per exported sequence, all token-aligned lists of length L)::
     id             interaction id (concat: the leaf's id)
     parent_id      interaction this one extends, or None
     relation       "root" | "extend" | "fork"
+    fork_reason    why this sequence starts a new root (concat: of the chain's first turn), or None
+    conversation_id  the conversation (lineage root, tree.py) the sample belongs to: samples
+                   split by a fork share it
+    lineage_parent_id  interaction this one continues by messages (concat: the chain's first
+                   turn's), across a fork; equals parent_id where there is no fork
     chain          concat only: interaction ids root -> leaf
     input_ids      prompt + output token ids
     loss_mask      1 on tokens the model generated (any turn of the chain), else 0
@@ -23,21 +28,38 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from rlgate.chat.conversation import message_to_openai
 from rlgate.trajectory.interaction import Interaction
-from rlgate.trajectory.tree import chain_of, children_map, discounted_rewards
+from rlgate.trajectory.tree import chain_of, children_map, conversation_ids, discounted_rewards, lineage_parents
 
 ExportStyle = Literal["individual", "concat"]
 
 
-def _base(i: Interaction) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Lineage:
+    """Conversations across forks (tree.py): lineage parent and conversation id per interaction."""
+
+    parents: dict[str, str | None]
+    conversations: dict[str, str]
+
+    @classmethod
+    def of(cls, done: list[Interaction]) -> Lineage:
+        parents = lineage_parents(done)
+        return cls(parents, conversation_ids(parents))
+
+
+def _base(i: Interaction, first: Interaction, lineage: Lineage) -> dict[str, Any]:
     return {
         "id": i.id,
         "parent_id": i.parent_id,
         "relation": i.relation,
+        "fork_reason": first.fork_reason,
+        "conversation_id": lineage.conversations.get(first.id, first.id),
+        "lineage_parent_id": lineage.parents.get(first.id),
         "api": i.api,
         "finish_reason": i.finish_reason,
         "messages": [message_to_openai(m) for m in i.messages],
@@ -46,10 +68,10 @@ def _base(i: Interaction) -> dict[str, Any]:
     }
 
 
-def individual_sample(i: Interaction, reward: float | None) -> dict[str, Any]:
+def individual_sample(i: Interaction, reward: float | None, lineage: Lineage | None = None) -> dict[str, Any]:
     p, o = len(i.prompt_ids), len(i.output_ids)
     return {
-        **_base(i),
+        **_base(i, i, lineage or Lineage.of([i])),
         "input_ids": list(i.prompt_ids) + list(i.output_ids),
         "loss_mask": [0] * p + [1] * o,
         "logprobs": [0.0] * p + list(i.output_logprobs),
@@ -58,7 +80,9 @@ def individual_sample(i: Interaction, reward: float | None) -> dict[str, Any]:
     }
 
 
-def concat_sample(chain: list[Interaction], rewards: dict[str, float | None]) -> tuple[dict[str, Any], int]:
+def concat_sample(
+    chain: list[Interaction], rewards: dict[str, float | None], lineage: Lineage | None = None
+) -> tuple[dict[str, Any], int]:
     """One sample for a root-to-leaf chain; returns it and how many turns were unaligned.
 
     A turn is aligned when its prompt + output tokens are a prefix of the leaf's
@@ -82,7 +106,7 @@ def concat_sample(chain: list[Interaction], rewards: dict[str, float | None]) ->
         lps[start:end] = turn.output_logprobs
         vers[start:end] = turn.output_versions
     sample = {
-        **_base(leaf),
+        **_base(leaf, chain[0], lineage or Lineage.of(chain)),
         "chain": [t.id for t in chain],
         "input_ids": ids,
         "loss_mask": mask,
@@ -100,7 +124,8 @@ def export_samples(
     """Samples for the completed interactions of one session, plus counts.
 
     Counts: ``completed``, ``failed``, ``pending``, ``root``, ``extend``, ``fork``
-    (over completed interactions) and ``unaligned_turns`` (concat only).
+    (over completed interactions), ``conversations`` (lineage roots) and ``unaligned_turns``
+    (concat only).
     """
     done = [i for i in interactions if i.completed]
     stats = {
@@ -111,9 +136,11 @@ def export_samples(
         "extend": sum(1 for i in done if i.relation == "extend"),
         "fork": sum(1 for i in done if i.relation == "fork"),
     }
-    rewards = discounted_rewards(done, discount)
+    lineage = Lineage.of(done)
+    stats["conversations"] = len(set(lineage.conversations.values()))
+    rewards = discounted_rewards(done, discount, lineage.parents)
     if style == "individual":
-        return [individual_sample(i, rewards[i.id]) for i in done], stats
+        return [individual_sample(i, rewards[i.id], lineage) for i in done], stats
     if style != "concat":
         raise ValueError(f"unknown export style {style!r}")
     kids = children_map(done)
@@ -123,7 +150,7 @@ def export_samples(
     for leaf in done:
         if kids[leaf.id]:
             continue
-        s, u = concat_sample(chain_of(leaf, by_id), rewards)
+        s, u = concat_sample(chain_of(leaf, by_id), rewards, lineage)
         samples.append(s)
         unaligned += u
     stats["unaligned_turns"] = unaligned
