@@ -227,7 +227,8 @@ class GenerationService:
             self.tokenizer,
             stop_token_ids=self.stop_token_ids,
             stop_strings=p.request.stop,
-            tool_parser=get_tool_parser(self.tool_parser) if parse_tools else None,  # type: ignore[arg-type]
+            tool_parser=get_tool_parser(self.tool_parser, {t.name: t.parameters for t in p.request.tools})  # type: ignore[arg-type]
+            if parse_tools else None,
             reasoning_parser=reasoning,
             call_id=p.call_id,
         )

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 
@@ -40,7 +41,13 @@ ReasoningEvent = ContentText | ReasoningText
 
 
 class ToolParser(ABC):
-    """Splits assistant content into text and tool calls, incrementally."""
+    """Splits assistant content into text and tool calls, incrementally.
+
+    ``schemas`` (tool name -> JSON schema of its parameters, set by :func:`get_tool_parser`)
+    lets formats that write argument values as bare text (XML-style) type them.
+    """
+
+    schemas: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
 
     @abstractmethod
     def feed(self, text: str) -> list[ToolEvent]: ...
@@ -94,11 +101,15 @@ def reasoning_parser_names() -> list[str]:
     return sorted(_REASONING_PARSERS)
 
 
-def get_tool_parser(name: str) -> ToolParser:
+def get_tool_parser(name: str, schemas: Mapping[str, Mapping[str, Any]] | None = None) -> ToolParser:
+    """A fresh parser; ``schemas``: the offered tools' parameter schemas by tool name."""
     try:
-        return _TOOL_PARSERS[name]()
+        parser = _TOOL_PARSERS[name]()
     except KeyError:
         raise ValueError(f"unknown tool parser {name!r}; known: {tool_parser_names()}") from None
+    if schemas:
+        parser.schemas = MappingProxyType(dict(schemas))
+    return parser
 
 
 def get_reasoning_parser(name: str, *, starts_in_reasoning: bool = False) -> ReasoningParser:

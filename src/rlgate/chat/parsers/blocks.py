@@ -8,6 +8,7 @@ parse, or that is never closed, is returned verbatim as content — a parser nev
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from rlgate.chat.parsers.base import ContentText, ParsedToolCall, ToolEvent, ToolParser, partial_suffix_len
@@ -65,6 +66,44 @@ def value_from_text(raw: str) -> Any:
         return json.loads(raw)
     except (json.JSONDecodeError, ValueError):
         return raw
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "null": (type(None),),
+    "object": (dict,), "array": (list,),
+}
+
+
+def _matches(value: Any, t: str) -> bool:
+    if isinstance(value, bool) and t in ("integer", "number"):
+        return False
+    return isinstance(value, _JSON_TYPES.get(t, ()))
+
+
+def typed_value(raw: str, schema: Mapping[str, Any] | None) -> Any:
+    """An XML-style argument value typed by the parameter's JSON schema.
+
+    The model writes every value as bare text, so ``123`` may be a number or the string
+    "123": the schema decides. A string parameter keeps the text; other types take the
+    JSON reading of the text when it has one of the allowed types, else the text itself
+    (the tool sees what the model wrote). Without a schema (or without ``type``) the JSON
+    reading wins when there is one.
+    """
+    declared = schema.get("type") if isinstance(schema, Mapping) else None
+    types = [declared] if isinstance(declared, str) else [t for t in declared or [] if isinstance(t, str)]
+    if not types:
+        return value_from_text(raw)
+    value = value_from_text(raw)
+    if any(_matches(value, t) for t in types if t != "string"):
+        return value
+    return raw
+
+
+def parameter_schema(schemas: Mapping[str, Mapping[str, Any]], tool: str, key: str) -> Mapping[str, Any] | None:
+    """The JSON schema of parameter ``key`` of ``tool`` (None if unknown)."""
+    props = (schemas.get(tool) or {}).get("properties")
+    prop = props.get(key) if isinstance(props, Mapping) else None
+    return prop if isinstance(prop, Mapping) else None
 
 
 def call(name: str, args: Any) -> ParsedToolCall | None:

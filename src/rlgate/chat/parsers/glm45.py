@@ -1,11 +1,13 @@
-"""GLM-4.5 tool calls: ``<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n…</tool_call>``."""
+"""GLM-4.5 tool calls: ``<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n…</tool_call>``.
+
+Values are typed by the tool's parameter schema (see :func:`~rlgate.chat.parsers.blocks.typed_value`)."""
 
 from __future__ import annotations
 
 import re
 
 from rlgate.chat.parsers.base import ParsedToolCall, register_tool_parser
-from rlgate.chat.parsers.blocks import BlockToolParser, call, value_from_text
+from rlgate.chat.parsers.blocks import BlockToolParser, call, parameter_schema, typed_value
 
 _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 
@@ -19,5 +21,7 @@ class Glm45ToolParser(BlockToolParser):
         rest = "<arg_key>" + rest if rest else ""
         if _ARG.sub("", rest).strip():
             return None
-        c = call(name.strip(), {k.strip(): value_from_text(v) for k, v in _ARG.findall(rest)})
+        fn = name.strip()
+        c = call(fn, {k.strip(): typed_value(v, parameter_schema(self.schemas, fn, k.strip()))
+                      for k, v in _ARG.findall(rest)})
         return [c] if c else None

@@ -1,7 +1,8 @@
 """Qwen3.5 / 3.6 / Qwen3-Coder tool calls:
 ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``.
 
-Values are taken as JSON when they parse as JSON (numbers, booleans, objects), else as text.
+Values are typed by the tool's parameter schema (a string parameter keeps "123" as text); without
+one they are taken as JSON when they parse as JSON (numbers, booleans, objects), else as text.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import re
 
 from rlgate.chat.parsers.base import ParsedToolCall, register_tool_parser
-from rlgate.chat.parsers.blocks import BlockToolParser, call, value_from_text
+from rlgate.chat.parsers.blocks import BlockToolParser, call, parameter_schema, typed_value
 
 _FUNC = re.compile(r"^\s*<function=([^>\n]+)>(.*?)</function>\s*$", re.S)
 _PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
@@ -23,6 +24,8 @@ class Qwen3XmlToolParser(BlockToolParser):
         m = _FUNC.match(body)
         if m is None:
             return None
-        args = {k.strip(): value_from_text(v) for k, v in _PARAM.findall(m.group(2))}
-        c = call(m.group(1).strip(), args)
+        name = m.group(1).strip()
+        args = {k.strip(): typed_value(v, parameter_schema(self.schemas, name, k.strip()))
+                for k, v in _PARAM.findall(m.group(2))}
+        c = call(name, args)
         return [c] if c else None
