@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from family_scripts import FORMATS, reply_text
 from helpers import ADMIN_KEY, admin_headers, key_headers, start_session
 from rlgate.chat.conversation import Message, ToolCall, ToolSpec
+from rlgate.testing.family_scripts import FORMATS, reply_text
 
 FAMILIES = list(FORMATS)
 # Families in the fast suite: one on the real Qwen vocabulary (the slow BPE build happens once)

@@ -1,6 +1,6 @@
 """What each family's model writes for a reply (reasoning, answer, tool call), in its own format.
 
-Used by the family tests and benchmarks/families.py to script the fake engine: the text is what
+Used by tests/test_families.py and benchmarks/families.py to script the fake engine: the text is what
 the real model would generate after the family's generation prompt, followed by the stop token
 the real model ends that kind of reply with.
 """
