@@ -216,7 +216,9 @@ class GenerationService:
     # ------------------------------------------------------------------ run
 
     def _assembler(self, p: Prepared) -> OutputAssembler:
-        parse_tools = bool(p.request.tools) and p.request.tool_choice != "none" and self.tool_parser
+        tools = None
+        if self.tool_parser and p.request.tools and p.request.tool_choice != "none":
+            tools = get_tool_parser(self.tool_parser, {t.name: t.parameters for t in p.request.tools})
         reasoning = None
         if self.reasoning_parser:
             # Templates whose generation prompt opens the reasoning block (Qwen3-Thinking-2507,
@@ -227,8 +229,7 @@ class GenerationService:
             self.tokenizer,
             stop_token_ids=self.stop_token_ids,
             stop_strings=p.request.stop,
-            tool_parser=get_tool_parser(self.tool_parser, {t.name: t.parameters for t in p.request.tools})  # type: ignore[arg-type]
-            if parse_tools else None,
+            tool_parser=tools,
             reasoning_parser=reasoning,
             call_id=p.call_id,
         )
