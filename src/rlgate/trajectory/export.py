@@ -5,7 +5,8 @@ Sample (one dict per exported sequence, all token-aligned lists of length L)::
     id             interaction id (concat: the leaf's id)
     parent_id      interaction this one extends, or None
     relation       "root" | "extend" | "fork"
-    fork_reason    why this sequence starts a new root (concat: of the chain's first turn), or None
+    fork_reason    why this sequence starts a new root (None unless relation == "fork"; concat:
+                   of the chain's first turn)
     conversation_id  the conversation (lineage root, tree.py) the sample belongs to: samples
                    split by a fork share it
     lineage_parent_id  interaction this one continues by messages (concat: the chain's first
@@ -20,6 +21,8 @@ Sample (one dict per exported sequence, all token-aligned lists of length L)::
     finish_reason  of the (leaf) interaction
     messages       request messages (OpenAI chat form)
     output_message the reply as the client received it (OpenAI chat form)
+    flags          silent-failure flags (trajectory/flags.py): empty_reply, unparsed_tool_call,
+                   aborted, fork, no_reward, unaligned (concat: of any turn of the chain)
 
 See docs/trajectory-format.md for a worked example.
 """
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlgate.chat.conversation import message_to_openai
+from rlgate.trajectory.flags import reply_flags
 from rlgate.trajectory.interaction import Interaction
 from rlgate.trajectory.tree import chain_of, children_map, conversation_ids, discounted_rewards, lineage_parents
 
@@ -77,6 +81,7 @@ def individual_sample(i: Interaction, reward: float | None, lineage: Lineage | N
         "logprobs": [0.0] * p + list(i.output_logprobs),
         "versions": [-1] * p + list(i.output_versions),
         "reward": reward,
+        "flags": reply_flags(i) + (["no_reward"] if reward is None else []),
     }
 
 
@@ -96,7 +101,9 @@ def concat_sample(
     lps = [0.0] * n
     vers = [-1] * n
     unaligned = 0
+    flags: list[str] = []
     for turn in chain:
+        flags += [f for f in reply_flags(turn) if f not in flags]
         start = len(turn.prompt_ids)
         end = start + len(turn.output_ids)
         if turn is not leaf and (end > n or ids[:start] != turn.prompt_ids or ids[start:end] != turn.output_ids):
@@ -114,6 +121,7 @@ def concat_sample(
         "versions": vers,
         "reward": rewards.get(leaf.id),
         "turn_rewards": [rewards.get(t.id) for t in chain],
+        "flags": flags + (["no_reward"] if rewards.get(leaf.id) is None else []) + (["unaligned"] if unaligned else []),
     }
     return sample, unaligned
 

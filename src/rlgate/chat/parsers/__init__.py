@@ -24,6 +24,7 @@ from rlgate.chat.parsers.base import (
     register_reasoning_parser,
     register_tool_parser,
     tool_parser_names,
+    unparsed_tool_blocks,
 )
 
 __all__ = [
@@ -38,4 +39,5 @@ __all__ = [
     "register_reasoning_parser",
     "register_tool_parser",
     "tool_parser_names",
+    "unparsed_tool_blocks",
 ]

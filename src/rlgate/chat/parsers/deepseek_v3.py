@@ -16,6 +16,7 @@ _CALL = re.compile(r"\s*<｜tool▁call▁begin｜>\s*(?:\w+)?<｜tool▁sep｜>
 @register_tool_parser("deepseek_v3", "deepseek_r1")
 class DeepSeekV3ToolParser(BlockToolParser):
     START, END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+    markers = (START,)
 
     def parse_body(self, body: str) -> list[ParsedToolCall] | None:
         calls: list[ParsedToolCall] = []

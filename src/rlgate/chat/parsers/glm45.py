@@ -15,6 +15,7 @@ _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re
 @register_tool_parser("glm45", "glm")
 class Glm45ToolParser(BlockToolParser):
     START, END = "<tool_call>", "</tool_call>"
+    markers = (START,)
 
     def parse_body(self, body: str) -> list[ParsedToolCall] | None:
         name, _, rest = body.partition("<arg_key>")

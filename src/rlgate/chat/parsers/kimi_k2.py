@@ -16,6 +16,7 @@ _CALL = re.compile(r"\s*<\|tool_call_begin\|>\s*(?:functions\.)?([^:<\s]+)(?::\d
 @register_tool_parser("kimi_k2")
 class KimiK2ToolParser(BlockToolParser):
     START, END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+    markers = (START,)
 
     def parse_body(self, body: str) -> list[ParsedToolCall] | None:
         calls: list[ParsedToolCall] = []

@@ -19,6 +19,7 @@ _PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
 @register_tool_parser("qwen3_xml", "qwen3_coder")
 class Qwen3XmlToolParser(BlockToolParser):
     START, END = "<tool_call>", "</tool_call>"
+    markers = (START,)
 
     def parse_body(self, body: str) -> list[ParsedToolCall] | None:
         m = _FUNC.match(body)
