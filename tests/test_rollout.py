@@ -9,7 +9,8 @@ from helpers import ADMIN_KEY
 
 from rlgate.client import GatewayClient
 from rlgate.engine.fake import FakeEngine
-from rlgate.rollout.agent import AgentError, check_result
+from rlgate.rollout.agent import check_result
+from rlgate.rollout.errors import AgentContractError
 from rlgate.rollout.runner import Allowance, RolloutRunner
 from rlgate.server.runner import ServerThread
 
@@ -52,15 +53,18 @@ class FlakyAgent:
         if n % 4 == 2:
             raise RuntimeError("tool crashed")
         if n % 4 == 3:
-            await asyncio.sleep(60)
+            await asyncio.sleep(600)
         return await ChatAgent().run(data, base_url=base_url, api_key=api_key)
 
 
 def test_check_result():
     assert check_result(1) == 1.0 and check_result({"a": 1}) == {"a": 1.0}
-    for bad in (None, "1", True, {"a": "x"}):
-        with pytest.raises(AgentError):
+    for bad in (None, "1", True, {"a": "x"}, float("nan"), float("inf"), {"a": float("-inf")}, {"a": True}):
+        with pytest.raises(AgentContractError):
             check_result(bad)
+    assert check_result(0.5, (0.0, 1.0)) == 0.5
+    with pytest.raises(AgentContractError, match="outside reward_range"):
+        check_result(1.5, (0.0, 1.0))
 
 
 async def test_groups_rewards_and_exports(make_app, tokenizer):
@@ -74,8 +78,10 @@ async def test_groups_rewards_and_exports(make_app, tokenizer):
         assert len(g.ok) == 4
         for e in g.episodes:
             (s,) = e.samples
-            assert s["reward"] == e.reward and e.reward in (0.0, 1.0)
-            assert sum(s["loss_mask"]) > 0
+            assert s.reward == e.reward and e.reward in (0.0, 1.0)
+            assert s.generated_tokens > 0
+            assert (s.group_id, s.episode, s.task_id) == (g.group_id, e.index, g.group_id)
+            assert s.session_id == e.session_id
     rewards = sorted(e.reward for g in groups for e in g.episodes)
     assert rewards == [0.0] * 4 + [1.0] * 4
     assert runner.counters.completed == 8 and runner.counters.failed == 0
@@ -88,13 +94,14 @@ async def test_dict_rewards_per_interaction(make_app, tokenizer):
             (ep,) = (await runner.group("g", {})).episodes
     assert ep.ok and ep.reward == 2.5
     # discount 1.0 along the chain: the first turn gets 0.5 + 2.0
-    assert [s["reward"] for s in ep.samples] == [2.5, 2.0]
+    assert [s.reward for s in ep.samples] == [2.5, 2.0]
 
 
 async def test_failing_and_hanging_agents_lose_only_their_episode(make_app, tokenizer):
     with ServerThread(make_app(FakeEngine(tokenizer, script=lambda r: "7"))) as url:
         async with GatewayClient(url, ADMIN_KEY) as client:
-            runner = RolloutRunner(client, FlakyAgent(), group_size=4, concurrency=8, episode_timeout=1.0)
+            # a timeout generous enough for a loaded machine; the hanging agents sleep far longer
+            runner = RolloutRunner(client, FlakyAgent(), group_size=4, concurrency=8, episode_timeout=10.0)
             groups = [g async for g in runner.groups([("a", {"q": "?", "a": "7"}), ("b", {"q": "?", "a": "7"})])]
             metrics = await client.metrics()
     assert runner.counters.failed == 4 and runner.counters.timed_out == 2 and runner.counters.completed == 4

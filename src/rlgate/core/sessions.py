@@ -277,7 +277,8 @@ class SessionManager:
                     code="session_active",
                 )
             await asyncio.sleep(min(left, 0.02))
-        samples, stats = export_samples(list(session.interactions.values()), style=style, discount=discount)
+        samples, stats = export_samples(list(session.interactions.values()), style=style, discount=discount,
+                                        task_id=session.task_id)
         response = {
             "session_id": session.id,
             "task_id": session.task_id,
@@ -286,7 +287,7 @@ class SessionManager:
             "discount": discount,
             "mode": session.mode,
             "stats": stats,
-            "interactions": samples,
+            "interactions": [s.to_dict() for s in samples],
         }
         # The response is fully built: only now may the session go.
         if not keep:
