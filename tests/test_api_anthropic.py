@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import admin_headers, key_headers, start_session
 
+from helpers import admin_headers, key_headers, start_session
 from rlgate.engine.base import EngineError, TokenDelta
 from rlgate.engine.fake import FakeEngine, fake_logprob
 

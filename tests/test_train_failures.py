@@ -7,6 +7,7 @@ measured by waiting on the process — and that the message names the culprit.
 from __future__ import annotations
 
 import pytest
+
 from helpers import free_port
 from train_helpers import base_config, rlgate, write_workdir
 

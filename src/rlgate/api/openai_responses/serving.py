@@ -28,14 +28,11 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlgate.api.common import extra_fields, sse, tool_spec
-from rlgate.errors import GatewayError, InvalidRequest
-from rlgate.core.generation import Finished, GenerationService, Prepared
-from rlgate.core.request import ChatRequest
 from rlgate.api.openai_chat.serving import parse_image_url
 from rlgate.api.openai_responses.protocol import (
     IGNORED_PARAMS,
@@ -50,6 +47,9 @@ from rlgate.api.openai_responses.protocol import (
 )
 from rlgate.chat.conversation import ContentPart, Message, TextPart, ToolCall, ToolSpec
 from rlgate.chat.output import ContentDelta, ReasoningDelta, ToolCallDelta, openai_call_id
+from rlgate.core.generation import Finished, GenerationService, Prepared
+from rlgate.core.request import ChatRequest
+from rlgate.errors import GatewayError, InvalidRequest
 from rlgate.trajectory.interaction import Session
 
 log = logging.getLogger("rlgate.api.responses")
@@ -113,8 +113,7 @@ def convert_input(items: list[Any], history: list[Message] | None = None) -> lis
                 messages.append(Message(role="assistant", content=parts, reasoning=reasoning or None))
                 open_turn = True
             else:
-                role = "user" if item.role == "user" else "system"
-                messages.append(Message(role=role, content=parts))
+                messages.append(Message(role="user" if item.role == "user" else "system", content=parts))
                 open_turn = False
             reasoning = None  # reasoning not followed by an assistant turn is dropped
         elif isinstance(item, FunctionCallItem):
@@ -375,7 +374,7 @@ class ItemIds:
 
 
 def output_items(
-    reasoning: str, content: str, calls: list[ToolCall] | list[ToolCallDelta], finish_reason: str, ids: ItemIds
+    reasoning: str, content: str, calls: Sequence[ToolCall | ToolCallDelta], finish_reason: str, ids: ItemIds
 ) -> list[dict[str, Any]]:
     cut = finish_reason in ("length", "abort")
     items: list[dict[str, Any]] = []
