@@ -230,9 +230,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         from rlgate.train.check import run_check
 
         return run_check(args.config, args.set, episodes=args.episodes, port=args.port)
-    from rlgate.train.run import run_training
+    from rlgate.train.run import train_command
 
-    return run_training(args.config, args.set, port=args.port)
+    return train_command(args.config, args.set, port=args.port)
 
 
 def cmd_check(args: argparse.Namespace) -> int:

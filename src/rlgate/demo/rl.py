@@ -212,12 +212,12 @@ class DemoHooks(Hooks):
 async def _train(url: str, admin_key: str, model_dir: Path, out: Path, task: str, split: Any,
                  settings: DemoSettings, seed: int, console: Any) -> dict[str, Any]:
     from rlgate.client import GatewayClient
-    from rlgate.train.run import train
+    from rlgate.train.run import run_training
 
     write_jsonl(split.train, out / f"{task}-train.jsonl")
     cfg = demo_config(task, settings, model_dir=model_dir, out=out, url=url, admin_key=admin_key, seed=seed)
     hooks = DemoHooks(task, split.heldout[: settings.eval_items], settings, console, model_dir)
-    result = await train(cfg, hooks, stdout=False)
+    result = await run_training(cfg, hooks, stdout=False)
     history = _read_history(out)
     async with GatewayClient(url, admin_key) as client:
         metrics = await client.metrics()

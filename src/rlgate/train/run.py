@@ -1,6 +1,6 @@
 """``rlgate train --config FILE.yaml``: GRPO on any Hugging Face checkpoint — the one loop wiring.
 
-``rlgate train`` and ``rlgate demo`` both run :func:`train`: a :class:`TrainConfig`
+``rlgate train`` and ``rlgate demo`` both run :func:`run_training`: a :class:`TrainConfig`
 plus optional :class:`Hooks`. Top to bottom:
 
 1. **prepare** — everything that can be wrong is checked before any model is loaded:
@@ -201,7 +201,8 @@ def _trim_jsonl(path: Path, last_step: int) -> None:
     path.write_text("".join(line + "\n" for line in keep))
 
 
-async def train(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: bool | None = None) -> dict[str, Any]:
+async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: bool | None = None
+                       ) -> dict[str, Any]:
     """Run ``cfg``; returns a summary. ``stdout=False`` silences the per-step lines (the demo draws a bar)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -311,13 +312,13 @@ def report_error(exc: BaseException, command: str = "train") -> int:
     return 2 if isinstance(exc, ConfigError) else 1
 
 
-def run_training(config_path: str, overrides: list[str] | None = None, *, port: int | None = None) -> int:
+def train_command(config_path: str, overrides: list[str] | None = None, *, port: int | None = None) -> int:
     """The ``rlgate train`` command: 0 done, 1 the run failed, 2 the config is invalid, 130 Ctrl-C."""
     try:
         cfg = load_config(config_path, overrides)
         if port is not None:
             cfg.gateway.port = port
-        result = asyncio.run(train(cfg))
+        result = asyncio.run(run_training(cfg))
     except RunError as exc:
         return report_error(exc)
     except KeyboardInterrupt:

@@ -5,8 +5,9 @@
 * **metrics.jsonl** — every metric of every step (always on; appended on resume).
 * **TensorBoard** (default on) — event files in ``out_dir/tensorboard``, written with
   ``tensorboardX``: a small, maintained writer that needs neither TensorFlow nor the
-  ``tensorboard`` package (``torch.utils.tensorboard`` imports ``tensorboard``, ~20 MB
-  with grpcio); view with ``tensorboard --logdir out_dir/tensorboard``.
+  ``tensorboard`` package (``torch.utils.tensorboard`` imports ``tensorboard``: ~50 MB
+  with grpcio and its data server, measured in docs/architecture.md); view with
+  ``tensorboard --logdir out_dir/tensorboard``.
 * **W&B** / **MLflow** when asked for (``tracking.wandb`` / ``tracking.mlflow``) and
   installed; asking for one that is not installed is a config error before the run starts.
 
@@ -55,7 +56,7 @@ class StdoutTracker:
         recent = self._durations[-10:]
         eta = (self.total - step) * sum(recent) / len(recent)
         tps = metrics.get("generated_tokens", 0.0) / max(metrics.get("rollout_s", 0.0), 1e-9)
-        kl = metrics.get("kl_ref", 0.0) or metrics.get("approx_kl", 0.0)
+        kl = metrics.get("kl_ref", 0.0) or metrics.get("approx_kl", 0.0)  # kl_ref when kl_coef > 0
         self.print(
             f"{time.strftime('%Y-%m-%d %H:%M:%S')} step {step}/{self.total} reward {metrics['reward']:.3f} "
             f"loss {metrics['loss']:.4f} kl {kl:.2e} tok/s {tps:,.0f} failed {int(metrics.get('failed_episodes', 0))} "
