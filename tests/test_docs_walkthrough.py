@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+
 from helpers import free_port
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "training.md"

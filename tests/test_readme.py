@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers import free_port, wait_healthy
 
 README = Path(__file__).resolve().parents[1] / "README.md"

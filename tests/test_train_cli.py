@@ -11,10 +11,10 @@ import time
 
 import pytest
 import yaml
-from train_helpers import base_config, rlgate, write_workdir
 
 from rlgate.train.config import ConfigError, apply_overrides, load_config, suggest
 from rlgate.train.loading import load_dataset
+from train_helpers import base_config, rlgate, write_workdir
 
 
 @pytest.fixture

@@ -65,7 +65,41 @@ _WHERE = {
     "RemoteSync": "rlgate.train.sync",
 }
 
-__all__ = sorted(_WHERE) + ["__version__"]
+__all__ = [
+    "Agent",
+    "AgentContractError",
+    "AgentError",
+    "Allowance",
+    "ColocatedSync",
+    "ConfigError",
+    "Episode",
+    "EvalResult",
+    "FinishedEpisode",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "GatewayClient",
+    "GatewayClientError",
+    "GatewayConfig",
+    "Group",
+    "Hooks",
+    "LoopState",
+    "RemoteSync",
+    "RolloutRunner",
+    "RunError",
+    "Sample",
+    "SessionHandle",
+    "StepResult",
+    "TooManyFailures",
+    "TrainConfig",
+    "TrainRun",
+    "TrainingStalled",
+    "WeightSync",
+    "create_app",
+    "grpo_loop",
+    "load_config",
+    "run_training",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:
