@@ -35,6 +35,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
+from rlgate.client import GatewayClientError
 from rlgate.rollout.errors import RunError
 from rlgate.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from rlgate.train.config import ConfigError, TrainConfig, load_config
@@ -321,6 +324,10 @@ def train_command(config_path: str, overrides: list[str] | None = None, *, port:
         result = asyncio.run(run_training(cfg))
     except RunError as exc:
         return report_error(exc)
+    except GatewayClientError as exc:  # the gateway refused a control call mid-run (e.g. it restarted)
+        return report_error(RunError(f"the gateway refused a call: {exc}"))
+    except httpx.HTTPError as exc:  # ... or went away
+        return report_error(RunError(f"lost the gateway: {type(exc).__name__}: {exc}"))
     except KeyboardInterrupt:
         return 130
     print(f"done: step {result['steps']}, checkpoint {result['checkpoint']}; "
