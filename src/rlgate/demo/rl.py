@@ -105,7 +105,7 @@ def _start_gateway(model_dir: Path, admin_key: str, log_path: Path, port: int | 
         stdout=log_file, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
+    deadline = time.time() + 600  # a loaded machine takes minutes to import torch; an early exit fails at once
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the gateway exited early; see {log_path}")
