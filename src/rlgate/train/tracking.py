@@ -59,7 +59,7 @@ class StdoutTracker:
         kl = metrics.get("kl_ref", 0.0) or metrics.get("approx_kl", 0.0)  # kl_ref when kl_coef > 0
         self.print(
             f"{time.strftime('%Y-%m-%d %H:%M:%S')} step {step}/{self.total} reward {metrics['reward']:.3f} "
-            f"loss {metrics['loss']:.4f} kl {kl:.2e} tok/s {tps:,.0f} failed {int(metrics.get('failed_episodes', 0))} "
+            f"loss {metrics['loss']:.4f} kl {kl:.2e} tok/s {format(tps, ',.0f' if tps >= 10 else '.2f')} failed {int(metrics.get('failed_episodes', 0))} "
             f"{metrics['step_s']:.1f}s eta {_fmt_duration(eta)}", flush=True)
 
     def close(self) -> None:
