@@ -121,7 +121,7 @@ def base_config(**over) -> dict:
     return cfg
 
 
-def rlgate(workdir: Path, *args: str, config: dict | None = None, timeout: float = 300, env: dict | None = None
+def rlgate(workdir: Path, *args: str, config: dict | None = None, timeout: float = 1200, env: dict | None = None
            ) -> Result:
     """Run ``rlgate ARGS`` in ``workdir`` (writing ``config`` to cfg.yaml first); the time it took to exit,
     measured by waiting on the process."""
