@@ -57,9 +57,10 @@ class StdoutTracker:
         eta = (self.total - step) * sum(recent) / len(recent)
         tps = metrics.get("generated_tokens", 0.0) / max(metrics.get("rollout_s", 0.0), 1e-9)
         kl = metrics.get("kl_ref", 0.0) or metrics.get("approx_kl", 0.0)  # kl_ref when kl_coef > 0
+        speed = format(tps, ",.0f" if tps >= 10 else ".2f")
         self.print(
             f"{time.strftime('%Y-%m-%d %H:%M:%S')} step {step}/{self.total} reward {metrics['reward']:.3f} "
-            f"loss {metrics['loss']:.4f} kl {kl:.2e} tok/s {format(tps, ',.0f' if tps >= 10 else '.2f')} failed {int(metrics.get('failed_episodes', 0))} "
+            f"loss {metrics['loss']:.4f} kl {kl:.2e} tok/s {speed} failed {int(metrics.get('failed_episodes', 0))} "
             f"{metrics['step_s']:.1f}s eta {_fmt_duration(eta)}", flush=True)
 
     def close(self) -> None:
