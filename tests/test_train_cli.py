@@ -42,6 +42,31 @@ def test_config_validation_and_the_saved_form(tmp_path):
             load_config(p)
 
 
+def test_the_ray_section_is_strict_and_checked_against_the_gateway(tmp_path):
+    base = {"model": "m", "dataset": "d.jsonl", "agent": "x:y"}
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump({**base, "ray": {"replicas": 2, "episode": {"resources": {"sandbox": 1}}},
+                                 "gateway": {"sync_dir": "/shared/ckpt"}}))
+    cfg = load_config(p, ["ray.replica_num_gpus=1"])
+    assert cfg.replicas == 2 and cfg.ray is not None and cfg.ray.replica_num_gpus == 1.0
+    assert cfg.ray.episode == {"resources": {"sandbox": 1}}
+    assert yaml.safe_load(cfg.to_yaml())["ray"]["address"] is None  # written out in full
+    with pytest.raises(ConfigError, match="gateway.sync_dir only applies with gateway.url .* or ray.replicas"):
+        load_config(p, ["ray=null"])
+    assert load_config(p, ["ray=null", "gateway.sync_dir=null"]).replicas == 0
+    p.write_text(yaml.safe_dump({**base, "ray": {"replica": 2, "num_cpus": 0}, "gateway": {"url": "http://h:1"}}))
+    with pytest.raises(ConfigError) as err:
+        load_config(p, ["ray.adress=auto"])
+    msg = str(err.value)
+    assert "ray.replica: unknown key in " in msg and "did you mean ray.replicas?" in msg
+    assert "ray.adress: unknown key (--set ray.adress=auto); did you mean ray.address?" in msg
+    assert "ray.num_cpus:" in msg  # ranges too, all at once
+    p.write_text(yaml.safe_dump({**base, "ray": {"replicas": 2}, "gateway": {"url": "http://h:1"}}))
+    with pytest.raises(ConfigError, match="ray.replicas .* does not combine with gateway.url"):
+        load_config(p)
+    assert load_config(p, ["ray.replicas=0"]).gateway.url == "http://h:1"  # episodes on Ray, a running gateway
+
+
 def test_suggestions_cover_typos_sections_and_other_trainers_names():
     assert suggest("learning_rate", "grpo") == "grpo.lr"
     assert suggest("groupsize", "rollout") == "rollout.group_size"

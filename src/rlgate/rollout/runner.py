@@ -7,7 +7,17 @@ GRPO group), with at most ``concurrency`` episodes in flight. An episode is::
         -> [reward_fn(episode)] -> rewards -> export -> typed Samples
 
 The agent's return value sets the rewards (a float rewards the last interaction; a dict
-rewards the given interaction ids), unless a reward function scores the episode.
+rewards the given interaction ids), unless a reward function scores the episode. The
+session is ended first (its interaction count tells whether the agent called the gateway
+at all) and rewarded with the admin key. With a collector (``cluster/collector.py``,
+replicas on Ray) the export is taken the moment the session ends, so the order is::
+
+    start_session -> agent.run -> rewards -> end_session -> export (from the collector)
+
+and "no LLM call" is read from the export's stats.
+
+Modes (where ``agent.run`` executes): ``inline`` (this event loop), ``subprocess`` (a
+process per episode) and ``ray`` (a Ray task per episode, ``rollout/ray_mode.py``).
 
 Failures, by kind (rollout/errors.py):
 
@@ -45,6 +55,9 @@ from rlgate.trajectory.sample import Sample
 
 log = logging.getLogger("rlgate.rollout")
 
+NO_LLM_CALL = ("the episode made no LLM call through the gateway: the agent must send its requests to the "
+               "base_url it is given, with the api_key it is given")
+
 AgentFactory = Callable[[str, dict[str, Any]], Any]  # (group_id, data) -> agent
 
 
@@ -61,6 +74,7 @@ class Episode:
     samples: list[Sample] = field(default_factory=list)  # exported training samples
     stats: dict[str, Any] = field(default_factory=dict)  # export stats (extend / fork counts...)
     seconds: float = 0.0
+    exported: bool = False  # the session's export was taken (by the collector): nothing left to discard
 
     @property
     def reward(self) -> float | None:
@@ -126,15 +140,26 @@ class RolloutRunner:
         group_size: int = 8,
         concurrency: int = 64,
         episode_timeout: float = 120.0,
-        mode: Literal["inline", "subprocess"] = "inline",
+        mode: Literal["inline", "subprocess", "ray"] = "inline",
         export_style: Literal["individual", "concat"] = "individual",
         discount: float = 1.0,
         allowance: Allowance | None = None,
         reward_fn: RewardFn | None = None,
         reward_range: tuple[float, float] | None = None,
         max_consecutive_failures: int = 32,
+        ray_options: dict[str, Any] | None = None,
+        collector: Any = None,
     ) -> None:
-        """``max_consecutive_failures``: that many failed episodes in a row stop the run (0: never)."""
+        """``max_consecutive_failures``: that many failed episodes in a row stop the run (0: never).
+        ``ray_options``: mode ``ray`` only, the resource request of each episode's Ray task
+        (default ``{"num_cpus": 1}``; see ``rollout/ray_mode.py``). ``collector``: a
+        :class:`~rlgate.cluster.collector.Collector`; episodes then get their export from it (one
+        stream per replica) instead of exporting their session themselves. The collector takes a
+        session's export the moment it ends, so its rewards are set before: a ``reward_fn``, which
+        scores the ended episode, does not combine with a collector (ValueError)."""
+        if collector is not None and reward_fn is not None:
+            raise ValueError("a reward function scores an ended episode, and the collector takes a session's export "
+                             "as soon as it ends: with a collector, the agent's return value is the reward")
         self.client = client
         self._agent_for: AgentFactory = agent if _is_factory(agent) else (lambda gid, data: agent)
         self.group_size = group_size
@@ -146,10 +171,16 @@ class RolloutRunner:
         self.reward_fn = reward_fn
         self.reward_range = reward_range
         self.max_consecutive_failures = max_consecutive_failures
+        self.collector = collector
         self.counters = RolloutCounters()
         self._sem = asyncio.Semaphore(concurrency)
         self._concurrency = concurrency
         self._http: Any = None
+        self._ray: Any = None
+        if mode == "ray":
+            from rlgate.rollout.ray_mode import RayEpisodes
+
+            self._ray = RayEpisodes(ray_options)
 
     def http_client(self) -> Any:
         """One HTTP client shared by every inline agent's SDK client.
@@ -194,30 +225,51 @@ class RolloutRunner:
         kwargs = dict(base_url=self.client.base_url, api_key=session.api_key, timeout=self.episode_timeout)
         if self.mode == "subprocess":
             ep.output = await run_subprocess(agent, ep.data, **kwargs)
+        elif self.mode == "ray":
+            ep.output = await self._ray.run(agent, ep.data, **kwargs)
         else:
             ep.output = await run_inline(agent, ep.data, http_client=self.http_client(), **kwargs)
         if self.reward_fn is None:  # check before anything else: a bad return value is a bug to report
             ep.result = check_result(ep.output, self.reward_range)
-        if await session.end() == 0:
-            raise AgentError("the episode made no LLM call through the gateway: the agent must send its requests "
-                             "to the base_url it is given, with the api_key it is given")
-        if self.reward_fn is not None:
-            seen = await session.export(style="individual", keep=True)
-            finished = FinishedEpisode(ep.data, ep.output, session.session_id,
-                                       [Sample.from_dict(d) for d in seen["interactions"]])
-            ep.result = check_result(await call_reward_fn(self.reward_fn, finished), self.reward_range,
-                                     source="reward function")
-        if isinstance(ep.result, dict):
-            for iid, r in ep.result.items():
-                await session.set_reward(r, interaction_id=iid)
+        if self.collector is not None:
+            export = await self._collected(ep, session)
         else:
-            assert ep.result is not None
-            await session.set_reward(ep.result)
-        export = await session.export(style=self.export_style, discount=self.discount)
+            if await session.end() == 0:
+                raise AgentError(NO_LLM_CALL)
+            if self.reward_fn is not None:
+                seen = await session.export(style="individual", keep=True)
+                finished = FinishedEpisode(ep.data, ep.output, session.session_id,
+                                           [Sample.from_dict(d) for d in seen["interactions"]])
+                ep.result = check_result(await call_reward_fn(self.reward_fn, finished), self.reward_range,
+                                         source="reward function")
+            await _set_rewards(session, ep.result)  # an ended session: with the admin key
+            export = await session.export(style=self.export_style, discount=self.discount)
         ep.samples = [Sample.from_dict(d) for d in export["interactions"]]
         for s in ep.samples:
             s.group_id, s.episode = ep.group_id, ep.index
         ep.stats = export["stats"]
+
+    async def _collected(self, ep: Episode, session: Any) -> dict[str, Any]:
+        """With a collector: rewards first (the collector takes the export the moment the session
+        ends), then end, then the export from the collector. Whether the agent made any LLM call
+        is read from the export's stats: a session without one has nothing to reward."""
+        refused: GatewayClientError | None = None
+        try:
+            await _set_rewards(session, ep.result)  # still active: with the session key
+        except GatewayClientError as exc:  # e.g. nothing to reward; the export below says whether that is why
+            refused = exc
+        collected = self.collector.expect(session.session_id)
+        try:
+            await session.end()
+            export: dict[str, Any] = await asyncio.wait_for(collected, self.episode_timeout)
+        finally:
+            collected.cancel()
+        ep.exported = True  # nothing left on the gateway to discard
+        if export["stats"]["completed"] == 0:
+            raise AgentError(NO_LLM_CALL)
+        if refused is not None:
+            raise refused
+        return export
 
     async def episode(self, group_id: str, index: int, data: dict[str, Any], *, admit: bool = True) -> Episode:
         ep = Episode(group_id, index, data)
@@ -235,11 +287,11 @@ class RolloutRunner:
                 self.counters.completed += 1
                 self.counters.consecutive_failures = 0
             except RunError:  # a bug to report, not an episode to lose
-                await self._discard(session)
+                await self._discard(session, ep)
                 raise
             except Exception as exc:  # noqa: BLE001 - a failure loses only this episode (cancellation propagates)
                 self._failed(ep, exc)
-                await self._discard(session)
+                await self._discard(session, ep)
             finally:
                 ep.seconds = time.perf_counter() - t0
         if self.max_consecutive_failures and self.counters.consecutive_failures >= self.max_consecutive_failures:
@@ -270,15 +322,22 @@ class RolloutRunner:
         else:
             log.debug("%s failed: %s", where, ep.error)
 
-    async def _discard(self, session: Any) -> None:
+    async def _discard(self, session: Any, ep: Episode) -> None:
         """End and drop a failed episode's session, so its key is retired and memory freed."""
-        if session is None:
+        if session is None or ep.exported:
             return
+        collected = self.collector.expect(session.session_id) if self.collector is not None else None
         try:
             await session.end()
-            await session.export()
+            if collected is not None:  # the collector takes it (and it is dropped here), not the trainer
+                await asyncio.wait_for(collected, self.episode_timeout)
+            else:
+                await session.export()
         except Exception:  # noqa: BLE001 - best effort; the gateway's sweeper retires it otherwise
             pass
+        finally:
+            if collected is not None:
+                collected.cancel()
 
     # ------------------------------------------------------------------ groups
 
@@ -341,6 +400,15 @@ async def _gather_all_or_none(coros: list[Any]) -> list[Any]:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+async def _set_rewards(session: Any, result: AgentResult | None) -> None:
+    if isinstance(result, dict):
+        for iid, r in result.items():
+            await session.set_reward(r, interaction_id=iid)
+    else:
+        assert result is not None
+        await session.set_reward(result)
 
 
 def _is_factory(obj: Any) -> bool:

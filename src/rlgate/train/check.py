@@ -63,7 +63,7 @@ async def check(cfg: TrainConfig, *, episodes: int = 1, print_fn: Any = print) -
              + (f", {len(prep.eval_data)} eval items" if prep.eval_data else "")
              + f"; agent {cfg.agent}" + (f"; reward {cfg.reward}" if cfg.reward else ""))
     gw = await open_gateway(cfg, prep.model, prep.model)
-    print_fn(f"gateway {gw.url} ({'in-process' if gw.server else 'remote'}), "
+    print_fn(f"gateway {gw.url} ({'in-process' if gw.server else 'replicas on Ray' if gw.cluster else 'remote'}), "
              f"weight version {(await gw.client.health())['version']}")
     tokenizer = gw.tokenizer
     if tokenizer is None:

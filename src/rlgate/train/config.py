@@ -66,7 +66,8 @@ class RolloutSettings(_Strict):
     group_size: int = Field(default=8, description="episodes per prompt (the GRPO group); at least 2")
     concurrency: int = Field(default=64, ge=1, description="episodes in flight at once")
     episode_timeout: float = Field(default=300.0, gt=0, description="seconds before an episode is failed")
-    mode: Literal["inline", "subprocess"] = Field(default="inline", description="where agent.run executes")
+    mode: Literal["inline", "subprocess"] = Field(default="inline", description="where agent.run executes "
+                                                  "(a `ray:` section makes it a Ray task per episode)")
     export_style: Literal["individual", "concat"] = Field(default="individual", description="sample layout")
     discount: float = Field(default=1.0, ge=0.0, le=1.0, description="reward discount up the conversation tree")
     max_consecutive_failures: int = Field(
@@ -103,6 +104,25 @@ class GatewaySettings(_Strict):
     trajectory_mode: Literal["token_exact", "rerender"] = Field(default="token_exact", description="in-process")
     context_length: int | None = Field(default=None, ge=1, description="in-process: None: the model's")
     device: str | None = Field(default=None, description="in-process engine's device (None: cuda if available)")
+
+
+class RaySettings(_Strict):
+    """Run on a Ray cluster (the ``cluster`` extra): every episode a Ray task (rollout mode ``ray``)
+    and, with ``replicas``, the gateway as that many replicas behind a router in this process (each
+    with a local engine), weights synced through the router's controller."""
+
+    address: str | None = Field(default=None, description="an existing cluster ('auto', HOST:6379); "
+                                "None: start a local one")
+    num_cpus: int | None = Field(default=None, ge=1, description="local cluster only: CPUs it may schedule")
+    replicas: int = Field(default=0, ge=0, description="gateway replicas on Ray (0: the gateway as in `gateway:`)")
+    replica_num_cpus: float = Field(default=1.0, ge=0, description="CPUs Ray reserves for each replica")
+    replica_num_gpus: float = Field(default=0.0, ge=0, description="GPUs Ray reserves for each replica")
+    replica_host: str = Field(default="127.0.0.1", description="interface each replica binds; 0.0.0.0 when "
+                              "replicas run on other nodes")
+    episode: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 1},
+                                    description="each episode's Ray resource request, e.g. {num_cpus: 1}")
+    data_dir: str | None = Field(default=None, description="replicas' stores (default out_dir/replicas; "
+                                 "must exist on each node)")
 
 
 class TrackingSettings(_Strict):
@@ -142,6 +162,8 @@ class TrainConfig(_Strict):
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
+    ray: RaySettings | None = Field(default=None, description="run rollouts (and, with replicas, the gateway) "
+                                    "on Ray; None: no Ray")
 
     @field_validator("dataset", "eval_dataset", mode="before")
     @classmethod
@@ -155,10 +177,20 @@ class TrainConfig(_Strict):
             raise ValueError(f"{v!r} must look like 'package.module:Name'")
         return v
 
+    @property
+    def replicas(self) -> int:
+        """Gateway replicas on Ray (0: one gateway, in this process or at gateway.url)."""
+        return self.ray.replicas if self.ray is not None else 0
+
     @model_validator(mode="after")
     def _remote_only(self) -> TrainConfig:
-        if self.gateway.url is None and (self.gateway.admin_key or self.gateway.sync_dir):
-            raise ValueError("gateway.admin_key / gateway.sync_dir only apply with gateway.url (a remote gateway)")
+        if self.replicas and self.gateway.url is not None:
+            raise ValueError("ray.replicas starts the gateway as replicas on Ray; it does not combine with "
+                             "gateway.url (a running gateway): set one of them")
+        if self.gateway.url is None and self.gateway.admin_key:
+            raise ValueError("gateway.admin_key only applies with gateway.url (a remote gateway)")
+        if self.gateway.url is None and not self.replicas and self.gateway.sync_dir:
+            raise ValueError("gateway.sync_dir only applies with gateway.url (a remote gateway) or ray.replicas")
         return self
 
     def to_yaml(self) -> str:

@@ -52,7 +52,7 @@ async def run_eval(cfg: TrainConfig, *, checkpoint: str | None = None, dataset: 
     gw = await open_gateway(cfg, weights, prep.model)
     runner = make_runner(cfg, gw.client, prep.agent, prep.reward_fn)
     try:
-        if gw.server is None and weights != prep.model:
+        if gw.remote and weights != prep.model:
             version = await gw.client.update_weights(str(weights.resolve()))
             print_fn(f"remote gateway now serves {weights} (version {version})")
         print_fn(f"evaluating {weights} on {source.path}: {len(items)} items x {spi} sample(s) at T={temp:g}")

@@ -6,7 +6,8 @@ plus optional :class:`Hooks`. Top to bottom:
 1. **prepare** — everything that can be wrong is checked before any model is loaded:
    the config (strict, train/config.py), the model path, the datasets, the agent (its
    import and contract), the reward function, the trackers that were asked for;
-2. **gateway** — start one in this process, or check the remote one (train/gateway.py);
+2. **gateway** — start one in this process, check the remote one, or start ``ray.replicas``
+   replicas on Ray behind a router (train/gateway.py);
 3. **trainer** — the model (from the latest checkpoint when resuming), the optimiser
    state, the KL reference;
 4. **loop** — :func:`~rlgate.train.grpo.grpo_loop`; after each step: trackers (stdout,
@@ -85,6 +86,10 @@ def prepare(cfg: TrainConfig, *, need_data: bool = True) -> Prepared:
     agent = load_agent(cfg.agent, cfg.agent_kwargs)
     reward_fn = load_reward_fn(cfg.reward, cfg.reward_kwargs) if cfg.reward else None
     check_tracking(cfg)
+    if cfg.ray is not None:
+        from rlgate.train.gateway import check_ray
+
+        check_ray()
     return Prepared(model, data, eval_data, agent, reward_fn)
 
 
@@ -93,9 +98,10 @@ def make_runner(cfg: TrainConfig, client: Any, agent: Any, reward_fn: Any) -> An
 
     r = cfg.rollout
     return RolloutRunner(client, agent, group_size=r.group_size, concurrency=r.concurrency,
-                         episode_timeout=r.episode_timeout, mode=r.mode, export_style=r.export_style,
-                         discount=r.discount, reward_fn=reward_fn, reward_range=r.reward_range,
-                         max_consecutive_failures=r.max_consecutive_failures)
+                         episode_timeout=r.episode_timeout, mode="ray" if cfg.ray is not None else r.mode,
+                         export_style=r.export_style, discount=r.discount, reward_fn=reward_fn,
+                         reward_range=r.reward_range, max_consecutive_failures=r.max_consecutive_failures,
+                         ray_options=cfg.ray.episode if cfg.ray is not None else None)
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -249,7 +255,7 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
         if saved is not None:
             trainer.optimizer.load_state_dict(saved["optimizer"])
             print(f"resuming from {ckpt} (step {state.step})", flush=True)
-            if gw.server is None:
+            if gw.remote:
                 await gw.sync.push(trainer.model)  # the remote gateway must serve the resumed weights
         runner = make_runner(cfg, gw.client, prep.agent, prep.reward_fn)
         trackers = Trackers(cfg, out, cfg.steps, stdout=stdout, start_step=state.step)
