@@ -82,6 +82,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-stop-sequences", type=int, default=16)
     p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
     p.add_argument("--retain-exported", type=float, default=0.0)
+    from rlgate.config import GatewayConfig
+
+    p.add_argument("--stream-keepalive-interval", type=float, default=GatewayConfig.stream_keepalive_interval,
+                   help="seconds without a streamed event before a keep-alive event (ping) is sent; 0: never")
     p.add_argument("--cors-origin", action="append", default=[], help="allow this CORS origin (repeatable)")
     # no "trace": uvicorn logs raw request headers (keys) at that level
     p.add_argument("--log-level", default="info", type=str.lower,
@@ -130,6 +134,7 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         max_stop_sequences=args.max_stop_sequences,
         max_body_bytes=args.max_body_bytes,
         retain_exported=args.retain_exported,
+        stream_keepalive_interval=args.stream_keepalive_interval,
         shutdown_timeout=args.shutdown_timeout,
         cors_origins=list(args.cors_origin),
     )

@@ -53,7 +53,9 @@ class ChatRequest:
     top_k: int = 0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
-    store: bool = True  # False: serve but record nothing
+    # The client's ``store`` flag (Responses API). Every call is recorded for training whatever
+    # it says; False only means previous_response_id cannot name this call later.
+    store: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -67,7 +69,7 @@ class Prepared:
     api: str
     prompt_ids: list[int]
     sampling: SamplingParams
-    interaction: Interaction | None  # None when store=False
+    interaction: Interaction  # recorded whatever the client's store flag says
     call_id: Callable[[], str]
     chain: DigestChain  # digest of the request messages; + reply = the interaction's prefix key
 
@@ -181,10 +183,7 @@ class GenerationService:
         prompt, interaction, chain = self.build_prompt(session, req)
         ctx = self.context_length
         if len(prompt) >= ctx:
-            raise ContextLengthExceeded(
-                f"the prompt is {len(prompt)} tokens; this model's context is {ctx} tokens",
-                param="messages",
-            )
+            raise ContextLengthExceeded(prompt_tokens=len(prompt), limit=ctx, param="messages")
         max_new = ctx - len(prompt)
         max_new = min(max_new, req.max_tokens if req.max_tokens is not None else self.config.default_max_tokens)
         if self.config.max_tokens_cap is not None:
@@ -195,7 +194,7 @@ class GenerationService:
                 raise ContextLengthExceeded(
                     f"max_total_tokens={req.max_total_tokens} leaves no room after the "
                     f"{len(prompt)}-token prompt",
-                    param="max_total_tokens",
+                    prompt_tokens=len(prompt), limit=req.max_total_tokens, param="max_total_tokens",
                 )
         try:
             sampling = SamplingParams(
@@ -218,8 +217,8 @@ class GenerationService:
             "seed": req.seed,
             "max_new_tokens": max_new,
         }
-        return Prepared(session, req, interaction_id, api, prompt, sampling,
-                        interaction if req.store else None, call_id, chain)
+        interaction.client_store = req.store
+        return Prepared(session, req, interaction_id, api, prompt, sampling, interaction, call_id, chain)
 
     # ------------------------------------------------------------------ run
 
@@ -247,8 +246,7 @@ class GenerationService:
         stream = self.engine.stream(
             GenerateRequest(p.prompt_ids, p.sampling, request_id=p.interaction_id, session_id=p.session.id)
         )
-        if p.interaction is not None:
-            self.sessions.add_interaction(p.session, p.interaction)
+        self.sessions.add_interaction(p.session, p.interaction)
         p.session.in_flight += 1
         try:
             async for delta in stream:
@@ -282,7 +280,7 @@ class GenerationService:
             raise
         finally:
             await _close_quietly(stream)  # aborts the engine request if it is still running
-            if final is None and p.interaction is not None and p.interaction.status == "pending":
+            if final is None and p.interaction.status == "pending":
                 # The consumer went away (disconnect / cancellation): keep what was generated.
                 self._record(p, assembler, ids, logprobs, versions, "abort")
             p.session.in_flight -= 1
@@ -293,7 +291,7 @@ class GenerationService:
         yield final
 
     def _fail(self, p: Prepared, error: str) -> None:
-        if p.interaction is not None and p.interaction.status == "pending":
+        if p.interaction.status == "pending":
             self.sessions.fail_interaction(p.session, p.interaction, error)
 
     def _record(
@@ -319,7 +317,7 @@ class GenerationService:
             finish = "tool_calls"
         message = out.to_message()
         inter = p.interaction
-        if inter is not None and inter.status == "pending":
+        if inter.status == "pending":
             inter.output_ids = ids[:kept]
             inter.output_logprobs = logprobs[:kept]
             inter.output_versions = versions[:kept]

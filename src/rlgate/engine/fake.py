@@ -54,6 +54,7 @@ class FakeEngine(StreamingEngineMixin):
         output_tokens: int = 16,
         max_context_length: int = 2048,
         token_delay: float = 0.0,
+        prefill_delay: float = 0.0,
         fail_with: EngineError | None = None,
     ) -> None:
         self.tokenizer = tokenizer
@@ -61,6 +62,7 @@ class FakeEngine(StreamingEngineMixin):
         self.output_tokens = output_tokens
         self._max_ctx = max_context_length
         self.token_delay = token_delay  # seconds between streamed tokens (0: instant)
+        self.prefill_delay = prefill_delay  # seconds before the first token (a long prompt's prefill)
         self.fail_with = fail_with  # raise this from every request (error-path tests)
         self.requests: list[GenerateRequest] = []
         self.aborted = 0  # streams closed before they finished
@@ -122,6 +124,8 @@ class FakeEngine(StreamingEngineMixin):
         stops = set(request.sampling.stop_token_ids)
         finished = False
         try:
+            if self.prefill_delay:
+                await asyncio.sleep(self.prefill_delay)
             for pos, tok in enumerate(planned):
                 if pos >= limit:
                     break

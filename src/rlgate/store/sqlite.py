@@ -66,7 +66,7 @@ from rlgate.trajectory.interaction import Interaction, Session
 
 log = logging.getLogger("rlgate.store")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: interactions.client_store
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -102,6 +102,7 @@ CREATE TABLE IF NOT EXISTS interactions (
     messages        TEXT NOT NULL,       -- JSON list (OpenAI chat form): the remaining messages
     tools           TEXT,                -- JSON list; NULL: same as base's
     sampling        TEXT NOT NULL,       -- JSON object
+    client_store    INTEGER NOT NULL DEFAULT 1,  -- 0: the client sent store=false (not referenceable)
     status          TEXT NOT NULL,       -- pending | completed | failed
     output_ids      BLOB NOT NULL,       -- int32 LE
     output_logprobs BLOB NOT NULL,       -- float64 LE
@@ -120,7 +121,7 @@ CREATE INDEX IF NOT EXISTS interactions_by_session ON interactions (session_id);
 _SESSION_COLS = ("id", "task_id", "key_hash", "mode", "status", "created_at", "last_active", "ended_at",
                  "exported_at", "metadata")
 _STATIC_COLS = ("id", "seq", "session_id", "api", "parent_id", "relation", "fork_reason", "context_key", "base_id",
-                "prompt_base_len", "prompt_ids", "messages_skip", "messages", "tools", "sampling", "created_at")
+                "prompt_base_len", "prompt_ids", "messages_skip", "messages", "tools", "sampling", "client_store", "created_at")
 _DYNAMIC_COLS = ("prefix_key", "status", "output_ids", "output_logprobs", "output_versions", "finish_reason",
                  "stop_kind", "output_message", "reward", "error", "completed_at")
 
@@ -300,6 +301,8 @@ class SQLiteStore:
         c.execute(f"PRAGMA journal_size_limit={16 * 1024 * 1024}")  # WAL truncated to this when it restarts
         c.execute("PRAGMA busy_timeout=5000")
         c.executescript(SCHEMA)
+        if 0 < version < 2:  # a version-1 store: add the column (existing rows were all stored)
+            c.execute("ALTER TABLE interactions ADD COLUMN client_store INTEGER NOT NULL DEFAULT 1")
         c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     # ------------------------------------------------------------------ load (startup)
@@ -374,7 +377,7 @@ class SQLiteStore:
             output_versions=decode_ints(r["output_versions"]), finish_reason=r["finish_reason"],
             stop_kind=r["stop_kind"], output_message=out_msg, reward=r["reward"], status=r["status"],
             error=r["error"], created_at=r["created_at"], completed_at=r["completed_at"],
-            sampling=json.loads(r["sampling"]),
+            sampling=json.loads(r["sampling"]), client_store=bool(r["client_store"]),
         )
 
     # ------------------------------------------------------------------ writes (event loop side)
@@ -469,7 +472,7 @@ class SQLiteStore:
         return (i.id, self._seq, _key_text(i.session_id, "session id"), i.api, i.parent_id, i.relation, i.fork_reason,
                 i.context_key, base.id if base is not None else None, prompt_base_len,
                 encode_ints(i.prompt_ids[prompt_base_len:]), messages_skip, _messages_json(i.messages[messages_skip:]),
-                tools, _json(i.sampling), i.created_at)
+                tools, _json(i.sampling), int(i.client_store), i.created_at)
 
     def save_interaction(self, interaction: Interaction) -> None:
         i = interaction

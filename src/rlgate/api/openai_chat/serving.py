@@ -9,6 +9,7 @@ from typing import Any
 
 from rlgate.api.common import extra_fields, sse, tool_spec
 from rlgate.api.errors import GatewayError, InvalidRequest, error_body
+from rlgate.api.keepalive import KEEPALIVE, with_keepalive
 from rlgate.api.generation import ChatRequest, Finished, GenerationService, Prepared
 from rlgate.api.openai_chat.protocol import IGNORED_PARAMS, ChatCompletionRequest, ChatMessageParam
 from rlgate.chat.conversation import ContentPart, ImagePart, Message, TextPart, ToolCall
@@ -139,8 +140,10 @@ async def stream_chunks(
 
     yield chunk({"role": "assistant", "content": ""})
     try:
-        async for ev in service.run(prepared):
-            if isinstance(ev, ContentDelta):
+        async for ev in with_keepalive(service.run(prepared), service.config.stream_keepalive_interval):
+            if ev is KEEPALIVE:
+                yield b": keepalive\n\n"  # an SSE comment: keeps the connection alive, ignored by parsers
+            elif isinstance(ev, ContentDelta):
                 yield chunk({"content": ev.text})
             elif isinstance(ev, ReasoningDelta):
                 yield chunk({"reasoning_content": ev.text})

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from rlgate.api.common import parse_model, read_json, report_ignored
+from rlgate.api.errors import ContextLengthExceeded
 from rlgate.api.openai_responses import serving
 from rlgate.api.openai_responses.protocol import ResponseCreateRequest
 from rlgate.server.auth import session_from_request
@@ -21,11 +22,18 @@ async def create_response(request: Request):
     gw = request.app.state.gateway
     session = session_from_request(request)
     body = parse_model(ResponseCreateRequest, await read_json(request))
-    chat = serving.to_chat_request(body, session)
-    headers = report_ignored("responses", serving.ignored_params(body))
-    prepared = gw.generation.prepare(session, chat, api="responses", id_prefix=serving.ID_PREFIX,
-                                     call_id=serving.new_call_id)
-    ctx = serving.context(body, body.model or gw.config.model_name)
+    tools = serving.response_tools(body.tools)
+    chat = serving.to_chat_request(body, session, tools)
+    headers = report_ignored("responses", serving.ignored_params(body, tools))
+    ctx = serving.context(body, body.model or gw.config.model_name, tools)
+    try:
+        prepared = gw.generation.prepare(session, chat, api="responses", id_prefix=serving.ID_PREFIX,
+                                         call_id=serving.new_call_id)
+    except ContextLengthExceeded as exc:
+        if not body.stream:
+            raise
+        return StreamingResponse(serving.failed_stream(ctx, exc), media_type="text/event-stream",
+                                 headers={**headers, "cache-control": "no-cache"})
     if body.stream:
         return StreamingResponse(
             serving.stream_events(gw.generation, prepared, ctx),

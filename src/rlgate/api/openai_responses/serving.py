@@ -33,20 +33,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlgate.api.common import extra_fields, sse, tool_spec
-from rlgate.api.errors import GatewayError, InvalidRequest
+from rlgate.api.errors import ContextLengthExceeded, GatewayError, InvalidRequest
+from rlgate.api.keepalive import KEEPALIVE, with_keepalive
 from rlgate.api.generation import ChatRequest, Finished, GenerationService, Prepared
 from rlgate.api.openai_chat.serving import parse_image_url
 from rlgate.api.openai_responses.protocol import (
     IGNORED_PARAMS,
     REFUSED_PARAMS,
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
     FunctionCallItem,
     FunctionCallOutputItem,
+    LocalShellCallItem,
+    LocalShellCallOutputItem,
     InputImagePart,
     MessageItem,
     ReasoningItem,
     RefusalPart,
     ResponseCreateRequest,
 )
+from rlgate.api.openai_responses.tools import ResponseTools, call_item, custom_call, local_shell_call, response_tools
 from rlgate.chat.conversation import ContentPart, Message, TextPart, ToolCall, ToolSpec
 from rlgate.chat.output import ContentDelta, ReasoningDelta, ToolCallDelta, openai_call_id
 from rlgate.trajectory.interaction import Session
@@ -94,8 +100,10 @@ def _reasoning_text(item: ReasoningItem) -> str:
     return "\n\n".join(s.text for s in item.summary)
 
 
-def convert_input(items: list[Any], history: list[Message] | None = None) -> list[Message]:
+def convert_input(items: list[Any], history: list[Message] | None = None,
+                  tools: ResponseTools | None = None) -> list[Message]:
     """Input items -> messages, appended to ``history`` (the previous response's conversation)."""
+    tools = tools or ResponseTools()
     messages = list(history or [])
     calls = {tc.id: tc.name for m in messages for tc in m.tool_calls}  # call_id -> function name
     open_turn = False  # the last message is an assistant turn that function_call items extend
@@ -116,27 +124,33 @@ def convert_input(items: list[Any], history: list[Message] | None = None) -> lis
                 messages.append(Message(role=role, content=parts))
                 open_turn = False
             reasoning = None  # reasoning not followed by an assistant turn is dropped
-        elif isinstance(item, FunctionCallItem):
-            call = ToolCall(item.call_id, item.name, item.arguments)
+        elif isinstance(item, (FunctionCallItem, CustomToolCallItem, LocalShellCallItem)):
+            if isinstance(item, FunctionCallItem):
+                call = ToolCall(item.call_id, tools.model_name(item.name, item.namespace), item.arguments)
+            elif isinstance(item, CustomToolCallItem):
+                call = custom_call(tools, item.call_id, item.name, item.namespace, item.input)
+            else:
+                call = local_shell_call(item.call_id, item.action)
             if open_turn:
                 messages[-1].tool_calls.append(call)
             else:
                 messages.append(Message(role="assistant", tool_calls=[call], reasoning=reasoning or None))
                 open_turn = True
             reasoning = None
-            calls[item.call_id] = item.name
-        elif isinstance(item, FunctionCallOutputItem):
-            if item.call_id not in calls:
+            calls[item.call_id] = call.name
+        elif isinstance(item, (FunctionCallOutputItem, CustomToolCallOutputItem, LocalShellCallOutputItem)):
+            call_id = item.id if isinstance(item, LocalShellCallOutputItem) else item.call_id
+            if call_id not in calls:
+                what = item.type.removesuffix("_output")
                 raise InvalidRequest(
-                    f"{where}: no function_call with call_id {item.call_id!r} comes before this "
-                    "function_call_output",
-                    param=f"{where}.call_id",
+                    f"{where}: no {what} with call_id {call_id!r} comes before this {item.type}",
+                    param=f"{where}.{'id' if isinstance(item, LocalShellCallOutputItem) else 'call_id'}",
                 )
             messages.append(Message(
                 role="tool",
                 content=_content(item.output, f"{where}.output"),
-                tool_call_id=item.call_id,
-                name=calls[item.call_id],
+                tool_call_id=call_id,
+                name=calls[call_id],
             ))
             open_turn = False
             reasoning = None
@@ -148,7 +162,7 @@ def convert_input(items: list[Any], history: list[Message] | None = None) -> lis
 def previous_conversation(session: Session, response_id: str) -> list[Message]:
     """The request messages of a stored response of this session, plus its reply."""
     prev = session.interactions.get(response_id)
-    if prev is None or not prev.completed or prev.output_message is None:
+    if prev is None or not prev.completed or prev.output_message is None or not prev.client_store:
         raise InvalidRequest(
             f"previous response {response_id!r} not found: previous_response_id must name a completed "
             "response of this session that was stored (store not false)",
@@ -180,7 +194,10 @@ def _tool_choice(choice: str | dict[str, Any] | None, tools: list[ToolSpec]) -> 
     return {"type": "function", "name": choice["name"]}
 
 
-def to_chat_request(body: ResponseCreateRequest, session: Session) -> ChatRequest:
+def to_chat_request(body: ResponseCreateRequest, session: Session, tools: ResponseTools | None = None
+                    ) -> ChatRequest:
+    """``tools``: :func:`~rlgate.api.openai_responses.tools.response_tools` of ``body.tools``."""
+    tools = tools if tools is not None else response_tools(body.tools)
     for name, why in REFUSED_PARAMS.items():
         if getattr(body, name) is not None:
             raise InvalidRequest(why, param=name)
@@ -199,13 +216,11 @@ def to_chat_request(body: ResponseCreateRequest, session: Session) -> ChatReques
         else:
             history.insert(0, system)
     items = [MessageItem(role="user", content=body.input)] if isinstance(body.input, str) else body.input
-    messages = convert_input(items, history)
-    tools = [tool_spec(t.name, t.description, t.parameters, f"tools[{i}].parameters")
-             for i, t in enumerate(body.tools or [])]
+    messages = convert_input(items, history, tools)
     return ChatRequest(
         messages=messages,
-        tools=tools,
-        tool_choice=_tool_choice(body.tool_choice, tools),
+        tools=tools.specs,
+        tool_choice=_tool_choice(body.tool_choice, tools.specs),
         max_tokens=body.max_output_tokens,
         max_total_tokens=body.max_total_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -217,8 +232,9 @@ def to_chat_request(body: ResponseCreateRequest, session: Session) -> ChatReques
     )
 
 
-def ignored_params(body: ResponseCreateRequest) -> list[str]:
+def ignored_params(body: ResponseCreateRequest, tools: ResponseTools | None = None) -> list[str]:
     names = [n for n in IGNORED_PARAMS if getattr(body, n) is not None]
+    names += (tools if tools is not None else response_tools(body.tools)).ignored  # hosted tools
     if body.parallel_tool_calls is False:  # the model may still make several calls
         names.append("parallel_tool_calls")
     if body.truncation == "auto":  # rlgate never truncates; a too-long prompt is a 400
@@ -232,7 +248,7 @@ def ignored_params(body: ResponseCreateRequest) -> list[str]:
             names.append("text.verbosity")
     if body.tool_choice == "required" or isinstance(body.tool_choice, dict):
         names.append("tool_choice")  # the reply is parsed for calls, but the model is not forced to call
-    if any(t.strict for t in body.tools or []):
+    if any(getattr(t, "strict", None) for t in body.tools or []):
         names.append("tools.strict")  # arguments are not constrained to the schema
     names += [f"include:{inc}" for inc in body.include or []]
     return sorted(set(names + extra_fields(body)))
@@ -246,20 +262,16 @@ class ResponseContext:
     """What a response echoes from its request, fixed when the request arrives."""
 
     echo: dict[str, Any]
+    tools: ResponseTools = field(default_factory=ResponseTools)  # how calls become output items
     created_at: int = field(default_factory=lambda: int(time.time()))
 
 
-def _tools_echo(body: ResponseCreateRequest) -> list[dict[str, Any]]:
-    return [{"type": "function", "name": t.name, "description": t.description,
-             "parameters": t.parameters if t.parameters is not None else {"type": "object", "properties": {}},
-             "strict": t.strict} for t in body.tools or []]
-
-
-def context(body: ResponseCreateRequest, model: str) -> ResponseContext:
+def context(body: ResponseCreateRequest, model: str, tools: ResponseTools | None = None) -> ResponseContext:
+    tools = tools if tools is not None else response_tools(body.tools)
     text: dict[str, Any] = {"format": (body.text.format if body.text and body.text.format else {"type": "text"})}
     if body.text is not None and body.text.verbosity is not None:
         text["verbosity"] = body.text.verbosity
-    return ResponseContext(echo={
+    return ResponseContext(tools=tools, echo={
         "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens,
         "model": model,
@@ -271,7 +283,7 @@ def context(body: ResponseCreateRequest, model: str) -> ResponseContext:
         "temperature": 1.0 if body.temperature is None else body.temperature,
         "text": text,
         "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
-        "tools": _tools_echo(body),
+        "tools": tools.echo,
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "truncation": body.truncation or "disabled",
         "user": body.user,
@@ -353,12 +365,6 @@ def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
             "content": [] if text is None else [output_text_part(text)]}
 
 
-def function_call_item(item_id: str, call: ToolCall | ToolCallDelta, status: str, *, arguments: bool = True
-                       ) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id, "name": call.name,
-            "arguments": call.arguments if arguments else ""}
-
-
 @dataclass
 class ItemIds:
     """Ids of a response's output items (the same in the streamed events and the final object)."""
@@ -374,7 +380,8 @@ class ItemIds:
 
 
 def output_items(
-    reasoning: str, content: str, calls: list[ToolCall] | list[ToolCallDelta], finish_reason: str, ids: ItemIds
+    reasoning: str, content: str, calls: list[ToolCall] | list[ToolCallDelta], finish_reason: str, ids: ItemIds,
+    tools: ResponseTools,
 ) -> list[dict[str, Any]]:
     cut = finish_reason in ("length", "abort")
     items: list[dict[str, Any]] = []
@@ -384,7 +391,7 @@ def output_items(
     if content:
         items.append(message_item(ids.message, content, "incomplete" if cut else "completed"))
     for i, call in enumerate(calls):
-        items.append(function_call_item(ids.call(i), call, "completed"))
+        items.append(call_item(tools, ids.call(i), call, "completed"))
     return items
 
 
@@ -399,11 +406,31 @@ def final_response(
 async def complete(service: GenerationService, prepared: Prepared, ctx: ResponseContext) -> dict[str, Any]:
     f = await service.complete(prepared)
     return final_response(service, ctx, f, output_items(f.reasoning, f.content, f.tool_calls, f.finish_reason,
-                                                        ItemIds()))
+                                                        ItemIds(), ctx.tools))
 
 
 def _failure_code(exc: GatewayError) -> str:
+    if isinstance(exc, ContextLengthExceeded):
+        return exc.code or "context_length_exceeded"
     return "rate_limit_exceeded" if exc.status == 429 else "server_error"
+
+
+async def failed_stream(ctx: ResponseContext, exc: GatewayError) -> AsyncIterator[bytes]:
+    """A stream that fails before generating: what a streamed request gets for a prompt that does
+    not fit. Codex reads ``response.failed`` with ``error.code == "context_length_exceeded"`` as
+    "context window exceeded" (and compacts); a 400 before the stream would be a fatal error to it."""
+    seq = itertools.count()
+    rid = new_id(ID_PREFIX)
+
+    def event(kind: str, **fields: Any) -> bytes:
+        return sse({"type": kind, "sequence_number": next(seq), **fields}, event=kind)
+
+    start = response_json(ctx, rid, status="in_progress", output=[])
+    yield event("response.created", response=start)
+    yield event("response.in_progress", response=start)
+    yield event("error", code=exc.code or exc.openai_type, message=exc.message, param=exc.param)
+    yield event("response.failed", response=response_json(
+        ctx, rid, status="failed", output=[], error={"code": _failure_code(exc), "message": exc.message}))
 
 
 async def stream_events(service: GenerationService, prepared: Prepared, ctx: ResponseContext
@@ -444,9 +471,12 @@ async def stream_events(service: GenerationService, prepared: Prepared, ctx: Res
         ]
 
     try:
-        async with contextlib.aclosing(service.run(prepared)) as run:
+        async with contextlib.aclosing(with_keepalive(service.run(prepared),
+                                                      service.config.stream_keepalive_interval)) as run:
             async for ev in run:
-                if isinstance(ev, ReasoningDelta):
+                if ev is KEEPALIVE:  # the Responses API has no ping event: repeat the lifecycle event
+                    yield event("response.in_progress", response=start)
+                elif isinstance(ev, ReasoningDelta):
                     reasoning_text += ev.text
                     if reasoning_closed:  # cannot happen with the registered parsers (reasoning comes first)
                         continue
@@ -489,18 +519,20 @@ async def stream_events(service: GenerationService, prepared: Prepared, ctx: Res
                         yield event("response.output_item.done", output_index=message_index, item=item)
                     for i, call in enumerate(calls):
                         idx, next_index = next_index, next_index + 1
-                        item_id = ids.call(i)
+                        item = call_item(ctx.tools, ids.call(i), call, "completed")
                         yield event("response.output_item.added", output_index=idx,
-                                    item=function_call_item(item_id, call, "in_progress", arguments=False))
-                        yield event("response.function_call_arguments.delta", item_id=item_id, output_index=idx,
-                                    delta=call.arguments)
-                        yield event("response.function_call_arguments.done", item_id=item_id, output_index=idx,
-                                    arguments=call.arguments)
-                        item = function_call_item(item_id, call, "completed")
+                                    item=call_item(ctx.tools, item["id"], call, "in_progress", complete=False))
+                        where = {"item_id": item["id"], "output_index": idx}
+                        if item["type"] == "function_call":
+                            yield event("response.function_call_arguments.delta", **where, delta=item["arguments"])
+                            yield event("response.function_call_arguments.done", **where, arguments=item["arguments"])
+                        elif item["type"] == "custom_tool_call":
+                            yield event("response.custom_tool_call_input.delta", **where, delta=item["input"])
+                            yield event("response.custom_tool_call_input.done", **where, input=item["input"])
                         done.append(item)
                         yield event("response.output_item.done", output_index=idx, item=item)
-                    final = final_response(service, ctx, ev,
-                                           output_items(reasoning_text, content_text, calls, ev.finish_reason, ids))
+                    final = final_response(service, ctx, ev, output_items(reasoning_text, content_text, calls,
+                                                                           ev.finish_reason, ids, ctx.tools))
                     kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
                     yield event(kind, response=final)
     except Exception as exc:  # noqa: BLE001 - the stream has started: report in-band, then end it
