@@ -23,12 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlgate.api.generation import ChatRequest, GenerationService
+from rlgate.core.generation import GenerationService
+from rlgate.core.request import ChatRequest
 from rlgate.chat.conversation import Message, ToolCall, ToolSpec
 from rlgate.config import GatewayConfig
 from rlgate.engine.fake import FakeEngine
 from rlgate.model import load_tokenizer, stop_token_ids
-from rlgate.server.sessions import SessionManager
+from rlgate.core.sessions import SessionManager
 from rlgate.store.base import MemoryStore
 from rlgate.trajectory.interaction import Session
 from rlgate.trajectory.tree import interaction_key

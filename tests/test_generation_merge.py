@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlgate.api.generation import merge_text_deltas
+from rlgate.core.generation import merge_text_deltas
 from rlgate.chat.output import ContentDelta, ReasoningDelta, ToolCallDelta
 
 

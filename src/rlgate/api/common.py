@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from rlgate.api.errors import InvalidRequest
+from rlgate.errors import InvalidRequest
 from rlgate.chat.conversation import ToolSpec
 
 log = logging.getLogger("rlgate.api")

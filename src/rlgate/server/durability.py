@@ -8,37 +8,23 @@ generation means the change is committed. Streamed generations wait inside
 If the store failed to write, the response is replaced by a 503 in the surface's error
 shape.
 
-:func:`after_response` defers work until the response has been handed to the server:
-the session manager uses it to forget an exported session only once its export
-response was sent (at-least-once exports).
+:func:`rlgate.core.request_scope.after_response` defers work until the response has
+been handed to the server: the session manager uses it to forget an exported session
+only once its export response was sent (at-least-once exports).
 """
 
 from __future__ import annotations
 
-import contextvars
 import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
-from rlgate.api.errors import Unavailable, error_body, surface_of
+from rlgate.errors import Unavailable, error_body, surface_of
+from rlgate.core.request_scope import begin_request, end_request
 from rlgate.store.base import StoreError
 
 log = logging.getLogger("rlgate.store")
-
-_AFTER_RESPONSE: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
-    "rlgate_after_response", default=None
-)
-
-
-def after_response(fn: Callable[[], None]) -> None:
-    """Run ``fn`` once the current request's response was sent (now, outside a request)."""
-    hooks = _AFTER_RESPONSE.get()
-    if hooks is None:
-        fn()
-    else:
-        hooks.append(fn)
-
 
 class DurabilityMiddleware:
     def __init__(self, app: Any, store: Any) -> None:
@@ -49,8 +35,7 @@ class DurabilityMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        hooks: list[Callable[[], None]] = []
-        token = _AFTER_RESPONSE.set(hooks)
+        hooks, token = begin_request()
         replaced = False
 
         async def durable_send(message: dict[str, Any]) -> None:
@@ -74,7 +59,7 @@ class DurabilityMiddleware:
         try:
             await self.app(scope, receive, durable_send)
         finally:
-            _AFTER_RESPONSE.reset(token)
+            end_request(token)
             if replaced and hooks:
                 log.error("%s: the store failed; deferred work (%d) skipped", scope.get("path"), len(hooks))
                 hooks = []

@@ -1,6 +1,6 @@
 """Persistence interface for sessions and interactions.
 
-The :class:`~rlgate.server.sessions.SessionManager` keeps live state in memory and
+The :class:`~rlgate.core.sessions.SessionManager` keeps live state in memory and
 writes every change through to a store. A store only has to persist and reload;
 it never decides anything. ``MemoryStore`` persists nothing (``--store :memory:``);
 :class:`~rlgate.store.sqlite.SQLiteStore` is the durable one.

@@ -53,9 +53,10 @@ from rlgate.api.anthropic.protocol import (
     ToolUseBlockParam,
 )
 from rlgate.api.common import extra_fields, sse, tool_spec
-from rlgate.api.errors import GatewayError, InvalidRequest, error_body
+from rlgate.errors import GatewayError, InvalidRequest, error_body
 from rlgate.api.keepalive import KEEPALIVE, with_keepalive
-from rlgate.api.generation import ChatRequest, Finished, GenerationService, Prepared
+from rlgate.core.generation import Finished, GenerationService, Prepared
+from rlgate.core.request import ChatRequest
 from rlgate.chat.conversation import ContentPart, ImagePart, Message, TextPart, ToolCall, ToolSpec
 from rlgate.chat.output import ContentDelta, OutputEvent, ReasoningDelta, ToolCallDelta
 

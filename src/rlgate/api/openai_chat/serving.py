@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rlgate.api.common import extra_fields, sse, tool_spec
-from rlgate.api.errors import GatewayError, InvalidRequest, error_body
+from rlgate.errors import GatewayError, InvalidRequest, error_body
 from rlgate.api.keepalive import KEEPALIVE, with_keepalive
-from rlgate.api.generation import ChatRequest, Finished, GenerationService, Prepared
+from rlgate.core.generation import Finished, GenerationService, Prepared
+from rlgate.core.request import ChatRequest
 from rlgate.api.openai_chat.protocol import IGNORED_PARAMS, ChatCompletionRequest, ChatMessageParam
 from rlgate.chat.conversation import ContentPart, ImagePart, Message, TextPart, ToolCall
 from rlgate.chat.output import ContentDelta, ReasoningDelta, ToolCallDelta

@@ -6,11 +6,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from rlgate.api.common import parse_model, read_json, report_ignored
-from rlgate.api.errors import ContextLengthExceeded
+from rlgate.errors import ContextLengthExceeded
 from rlgate.api.openai_responses import serving
 from rlgate.api.openai_responses.protocol import ResponseCreateRequest
-from rlgate.server.auth import session_from_request
-from rlgate.server.openapi import body_schema
+from rlgate.api.auth import session_from_request
+from rlgate.api.openapi import body_schema
 
 router = APIRouter()
 BODY_MODELS = [ResponseCreateRequest]  # documented in the OpenAPI schema

@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlgate.api.common import extra_fields, sse, tool_spec
-from rlgate.api.errors import ContextLengthExceeded, GatewayError, InvalidRequest
+from rlgate.errors import ContextLengthExceeded, GatewayError, InvalidRequest
 from rlgate.api.keepalive import KEEPALIVE, with_keepalive
-from rlgate.api.generation import ChatRequest, Finished, GenerationService, Prepared
+from rlgate.core.generation import Finished, GenerationService, Prepared
+from rlgate.core.request import ChatRequest
 from rlgate.api.openai_chat.serving import parse_image_url
 from rlgate.api.openai_responses.protocol import (
     IGNORED_PARAMS,

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlgate.api.common import tool_spec
-from rlgate.api.errors import InvalidRequest
+from rlgate.errors import InvalidRequest
 from rlgate.api.openai_responses.protocol import (
     CustomToolParam,
     FunctionToolParam,

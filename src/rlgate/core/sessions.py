@@ -18,7 +18,7 @@ import secrets
 import time
 from typing import Any
 
-from rlgate.api.errors import (
+from rlgate.errors import (
     AuthenticationFailed,
     Conflict,
     Gone,
@@ -28,7 +28,7 @@ from rlgate.api.errors import (
     Unavailable,
 )
 from rlgate.config import GatewayConfig
-from rlgate.server.durability import after_response
+from rlgate.core.request_scope import after_response
 from rlgate.store.base import Store
 from rlgate.trajectory.export import export_samples
 from rlgate.trajectory.interaction import Interaction, Session, TrajectoryMode

@@ -22,41 +22,22 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgate.api.errors import ContextLengthExceeded, InvalidRequest, Unavailable, UpstreamError
+from rlgate.errors import ContextLengthExceeded, InvalidRequest, Unavailable, UpstreamError
 from rlgate.chat.conversation import Message, ToolSpec, tools_digest
 from rlgate.chat.output import ContentDelta, OutputAssembler, OutputEvent, ReasoningDelta, openai_call_id
 from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser
 from rlgate.chat.render import BridgeError, ChatRenderer, TemplateError
 from rlgate.config import GatewayConfig
 from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
-from rlgate.server.limits import check_request_limits
-from rlgate.server.sessions import SessionManager
+from rlgate.core.limits import check_request_limits
+from rlgate.core.request import ChatRequest
+from rlgate.core.sessions import SessionManager
 from rlgate.store.base import StoreError
 from rlgate.trajectory.interaction import Interaction, Session
 from rlgate.chat.conversation import DigestChain
 from rlgate.trajectory.tree import find_parent
 
 log = logging.getLogger("rlgate.generation")
-
-
-@dataclass
-class ChatRequest:
-    """A generation request in rlgate's internal form (any surface)."""
-
-    messages: list[Message]
-    tools: list[ToolSpec] = field(default_factory=list)
-    tool_choice: Any = "auto"  # "auto" | "none" | "required" | {"name": ...}; only "none" changes parsing
-    max_tokens: int | None = None  # generated tokens; None -> config.default_max_tokens
-    max_total_tokens: int | None = None  # prompt + generated
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    # The client's ``store`` flag (Responses API). Every call is recorded for training whatever
-    # it says; False only means previous_response_id cannot name this call later.
-    store: bool = True
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,35 +1,14 @@
-"""Request limits: the body-size middleware (413 in the surface's error shape) and the
-per-request checks every API surface shares (messages, tools, stop sequences: 400).
-
-Every limit is a :class:`~rlgate.config.GatewayConfig` field; docs/operations.md has the
-table of limits, defaults and answers.
+"""The body-size middleware: bodies over ``max_body_bytes`` answer 413 in the surface's
+error shape (chunked bodies too). docs/operations.md has the table of limits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rlgate.api.errors import InvalidRequest, PayloadTooLarge, error_body, surface_of
-
-if TYPE_CHECKING:
-    from rlgate.api.generation import ChatRequest
-    from rlgate.config import GatewayConfig
-
-
-def check_request_limits(config: GatewayConfig, req: ChatRequest) -> None:
-    """400 when a generation request has more messages, tools or stop sequences than allowed."""
-    checks = (
-        (len(req.messages), config.max_messages_per_request, "messages", "max_messages_per_request",
-         "too_many_messages"),
-        (len(req.tools), config.max_tools, "tools", "max_tools", "too_many_tools"),
-        (len(req.stop), config.max_stop_sequences, "stop", "max_stop_sequences", "too_many_stop_sequences"),
-    )
-    for n, limit, param, name, code in checks:
-        if n > limit:
-            raise InvalidRequest(f"{n} {param} given; at most {limit} allowed ({name})", param=param, code=code)
-
+from rlgate.errors import PayloadTooLarge, error_body, surface_of
 
 # Before answering 413, read and discard up to this much more of the body (for at most
 # DRAIN_SECONDS): a client still sending when the server closes the connection may get a

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from rlgate.api.errors import AuthenticationFailed, PermissionDenied
+from rlgate.errors import AuthenticationFailed, PermissionDenied
 from rlgate.trajectory.interaction import Session
 
 

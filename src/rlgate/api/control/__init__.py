@@ -1,0 +1,1 @@
+"""Control routes: sessions, rewards, capacity, export, weight updates, health, models."""

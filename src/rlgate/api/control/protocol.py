@@ -1,0 +1,36 @@
+"""Wire models of the control routes."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class GrantCapacityRequest(BaseModel):
+    count: int = Field(default=1, ge=1, le=1_000_000)
+
+
+class StartSessionRequest(BaseModel):
+    task_id: str = Field(min_length=1, max_length=256)
+    api_key: str | None = Field(default=None, max_length=512)
+    mode: Literal["token_exact", "rerender"] | None = None  # per-session trajectory mode
+    metadata: dict[str, Any] | None = None
+
+
+class SetRewardRequest(BaseModel):
+    reward: float = Field(allow_inf_nan=False)
+    interaction_id: str | None = None
+    session_id: str | None = None  # admin key only: which session
+
+
+class ExportRequest(BaseModel):
+    session_id: str
+    discount: float = Field(default=1.0, ge=0.0, le=1.0)
+    style: Literal["individual", "concat"] = "individual"
+    keep: bool = False  # leave the session in place (export again later)
+    wait_timeout: float = Field(default=0.0, ge=0.0, le=3600.0)  # seconds to wait for the session to end
+
+
+class UpdateWeightsRequest(BaseModel):
+    path: str = Field(min_length=1)

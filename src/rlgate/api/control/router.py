@@ -1,0 +1,147 @@
+"""Control routes (original AReaL paths).
+
+=========================  ===========  ==========================================
+route                      key          what
+=========================  ===========  ==========================================
+POST /grant_capacity       admin        admit one more session (granted mode)
+POST /rl/start_session     admin        new session + its API key
+POST /rl/end_session       session      end the session (idempotent)
+POST /rl/set_reward        session/adm  reward an interaction (default: last one)
+POST /export_trajectories  admin        samples of an ended session
+POST /rl/update_weights    admin        load a checkpoint into the engine
+GET  /rl/metrics           admin        counters
+GET  /health               none         liveness + weight version
+GET  /v1/models, /models   any key      the served model
+=========================  ===========  ==========================================
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import ValidationError
+
+from rlgate.api.auth import is_admin_request, require_admin, session_from_request
+from rlgate.api.common import validation_message
+from rlgate.api.control.protocol import (
+    ExportRequest,
+    GrantCapacityRequest,
+    SetRewardRequest,
+    StartSessionRequest,
+    UpdateWeightsRequest,
+)
+from rlgate.core.gateway import Gateway
+from rlgate.engine.base import EngineError
+from rlgate.errors import InvalidRequest, NotFound, PermissionDenied
+
+log = logging.getLogger("rlgate.server")
+
+router = APIRouter()
+
+
+def gw(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+@router.post("/grant_capacity", tags=["control"],
+          openapi_extra={"requestBody": {"required": False, "content": {"application/json": {
+              "schema": GrantCapacityRequest.model_json_schema()}}}})
+async def grant_capacity(request: Request) -> dict[str, int]:
+    """Admit one more session (the original), or ``{"count": n}`` more (rlgate extension)."""
+    require_admin(request)
+    raw = await request.body()
+    count = 1
+    if raw.strip():
+        try:
+            count = GrantCapacityRequest.model_validate_json(raw).count
+        except ValidationError as exc:
+            raise InvalidRequest(validation_message(exc)[0], status=422) from exc
+    return {"capacity": gw(request).sessions.grant_capacity(count)}
+
+@router.post("/rl/start_session", tags=["control"])
+async def start_session(request: Request, body: StartSessionRequest) -> dict[str, str]:
+    require_admin(request)
+    session, key = gw(request).sessions.start_session(
+        body.task_id, body.api_key, mode=body.mode, metadata=body.metadata
+    )
+    return {"session_id": session.id, "api_key": key}
+
+@router.post("/rl/end_session", tags=["control"])
+async def end_session(request: Request) -> dict[str, Any]:
+    session = session_from_request(request)
+    n = gw(request).sessions.end_session(session)
+    return {"message": "success", "session_id": session.id, "interaction_count": n}
+
+@router.post("/rl/set_reward", tags=["control"])
+async def set_reward(request: Request, body: SetRewardRequest) -> dict[str, Any]:
+    mgr = gw(request).sessions
+    if is_admin_request(request):
+        if body.session_id is None:
+            raise InvalidRequest("with the admin key, session_id is required", param="session_id")
+        session = mgr.sessions.get(body.session_id)
+        if session is None or session.exported_at is not None:
+            raise NotFound(f"session {body.session_id!r} not found")
+    else:
+        session = session_from_request(request)
+        if body.session_id is not None and body.session_id != session.id:
+            raise PermissionDenied("a session key can only reward its own session")
+        if session.status != "active":
+            mgr.require_generating(session)  # raises 409 / 410 with the reason
+    target = mgr.set_reward(session, body.reward, body.interaction_id)
+    return {"message": "success", "session_id": session.id, "interaction_id": target.id, "reward": target.reward}
+
+@router.post("/export_trajectories", tags=["control"])
+async def export_trajectories(request: Request, body: ExportRequest) -> dict[str, Any]:
+    require_admin(request)
+    return await gw(request).sessions.export(
+        body.session_id, style=body.style, discount=body.discount, keep=body.keep,
+        wait_timeout=body.wait_timeout,
+    )
+
+@router.post("/rl/update_weights", tags=["control"])
+async def update_weights(request: Request, body: UpdateWeightsRequest) -> dict[str, Any]:
+    require_admin(request)
+    g = gw(request)
+    try:
+        version = await g.engine.update_weights_from_path(body.path)
+    except EngineError as exc:
+        raise InvalidRequest(exc.message, param="path", code=exc.code,
+                             status=exc.status if 400 <= exc.status < 600 else 400) from exc
+    log.info("weights updated: version %d", version)
+    return {"message": "success", "version": version}
+
+@router.get("/rl/metrics", tags=["control"])
+async def metrics(request: Request) -> dict[str, Any]:
+    require_admin(request)
+    g = gw(request)
+    return {
+        **g.sessions.metrics,
+        "open_sessions": g.sessions.open_sessions(),
+        "sessions": len(g.sessions.sessions),
+        "capacity": g.sessions.capacity,
+        "engine_version": g.engine.version,
+        **({"engine": g.engine.describe()} if hasattr(g.engine, "describe") else {}),  # remote: backends
+    }
+
+@router.get("/health", tags=["control"])
+async def health(request: Request) -> dict[str, Any]:
+    g = gw(request)
+    body = {"status": "ok", "version": g.engine.version, "uptime_s": round(time.time() - g.started_at, 3)}
+    if hasattr(g.engine, "describe"):  # remote engines: backend counts only (URLs are in /rl/metrics)
+        states = [b["state"] for b in g.engine.describe()["backends"]]
+        body["backends"] = {"total": len(states), "healthy": states.count("healthy")}
+        body["status"] = "ok" if "healthy" in states else "degraded"
+    return body
+
+async def list_models(request: Request) -> dict[str, Any]:
+    g = gw(request)
+    if not is_admin_request(request):
+        session_from_request(request)
+    return {"object": "list", "data": [
+        {"id": g.config.model_name, "object": "model", "created": int(g.started_at), "owned_by": "rlgate"}
+    ]}
+
+router.add_api_route("/v1/models", list_models, methods=["GET"], tags=["openai"])
+router.add_api_route("/models", list_models, methods=["GET"], tags=["openai"])

@@ -1,0 +1,55 @@
+"""One place that maps every exception to a status and a body in the surface's error shape."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rlgate.errors import GatewayError, InvalidRequest, Unavailable, error_body, from_status, surface_of
+from rlgate.store.base import StoreError
+
+log = logging.getLogger("rlgate.server")
+
+
+def _error_response(request: Request, exc: GatewayError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(exc, surface_of(request.url.path)), status_code=exc.status, headers=headers)
+
+
+def _is_api_route(path: str) -> bool:
+    return path.endswith(("/chat/completions", "/responses", "/messages", "/messages/count_tokens")) or \
+        path.startswith("/v1/")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        return _error_response(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errs = exc.errors()
+        first = errs[0] if errs else {"msg": "invalid request", "loc": ()}
+        loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        msg = f"{loc}: {first['msg']}" if loc else str(first["msg"])
+        # API surfaces answer 400 (as OpenAI / Anthropic do); control routes 422 (as the original).
+        status = 400 if _is_api_route(request.url.path) else 422
+        return _error_response(request, InvalidRequest(msg, param=loc or None, status=status))
+
+    @app.exception_handler(StoreError)
+    async def store_error(request: Request, exc: StoreError) -> JSONResponse:
+        log.error("store error on %s %s: %s", request.method, request.url.path, exc)
+        return _error_response(request, Unavailable(str(exc), code="store_unavailable"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error_response(request, from_status(exc.status_code, str(exc.detail)), headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return _error_response(request, GatewayError("internal error; see the gateway log", status=500,
+                                                     code="internal_error"))

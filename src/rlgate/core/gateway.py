@@ -1,0 +1,29 @@
+"""The gateway's state: everything a request handler may touch.
+
+One :class:`Gateway` per app (``app.state.gateway``); there is no module-level mutable
+state, so tests build as many isolated gateways as they like.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rlgate.config import GatewayConfig
+from rlgate.core.generation import GenerationService
+from rlgate.core.sessions import SessionManager
+from rlgate.engine.base import Engine
+from rlgate.store.base import Store
+
+
+@dataclass
+class Gateway:
+    """Everything a request handler may touch."""
+
+    config: GatewayConfig
+    engine: Engine
+    store: Store
+    tokenizer: Any
+    sessions: SessionManager
+    generation: GenerationService
+    started_at: float

@@ -1,0 +1,28 @@
+"""A generation request in rlgate's internal form, whatever surface it came from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlgate.chat.conversation import Message, ToolSpec
+
+
+@dataclass
+class ChatRequest:
+    """A generation request in rlgate's internal form (any surface)."""
+
+    messages: list[Message]
+    tools: list[ToolSpec] = field(default_factory=list)
+    tool_choice: Any = "auto"  # "auto" | "none" | "required" | {"name": ...}; only "none" changes parsing
+    max_tokens: int | None = None  # generated tokens; None -> config.default_max_tokens
+    max_total_tokens: int | None = None  # prompt + generated
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    # The client's ``store`` flag (Responses API). Every call is recorded for training whatever
+    # it says; False only means previous_response_id cannot name this call later.
+    store: bool = True
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
