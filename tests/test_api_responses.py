@@ -295,8 +295,9 @@ BAD = [
     ("zero max_output_tokens", {"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ("negative temperature", {"input": "hi", "temperature": -1}, "temperature"),
     ("metadata not strings", {"input": "hi", "metadata": {"a": 1}}, "metadata.a"),
-    ("prompt longer than context", {"input": "word " * 3000}, "messages"),
 ]
+# A prompt longer than the context: a 400 when not streamed, an in-stream response.failed when
+# streamed (what Codex reads): test_api_responses_tools.py::test_context_length_error_as_openai_clients_read_it
 
 
 @pytest.mark.parametrize("name,body,param", BAD, ids=[b[0] for b in BAD])
@@ -329,7 +330,6 @@ async def test_bad_input_messages_name_the_problem(make_app, asgi_client):
             assert r.status_code == 400
             return r.json()["error"]["message"]
 
-        assert "'web_search' is not supported" in await message({"input": "hi", "tools": [{"type": "web_search"}]})
         assert "item_reference" in await message({"input": [{"type": "item_reference", "id": "x"}]})
         assert "'nope'" in await message({"input": [{"type": "function_call_output", "call_id": "nope",
                                                     "output": "1"}]})

@@ -11,16 +11,17 @@ source has produced nothing for ``interval`` seconds; each surface turns that in
 keep-alive frame (Anthropic: an ``event: ping``; Responses: a repeated
 ``response.in_progress``; Chat Completions: an SSE comment line).
 
-The source is iterated by ONE helper task for its whole life, so it runs in one context
-(the request's write tracking, which the store reads through context variables, stays
-consistent), and is closed when the consumer stops early (the generation's own cleanup
-then records the abort). The queue between them holds one item: no read-ahead, no
-unbounded buffering.
+Each step of the source runs in a helper task so that waiting for it can time out without
+cancelling it; all steps share ONE context (the request's write tracking, which the store reads
+through context variables, stays consistent). Nothing runs ahead: the next step starts only
+when the consumer asks for the next item, so a consumer that goes away leaves the source
+suspended exactly as a plain ``async for`` would (and closing this generator closes it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import AsyncIterator
 from typing import Any, Final, TypeVar
 
@@ -50,44 +51,41 @@ async def with_keepalive(source: AsyncIterator[T], interval: float | None) -> As
         async for item in source:
             yield item
         return
-    queue: asyncio.Queue[tuple[bool, Any]] = asyncio.Queue(maxsize=1)
-
-    async def pump() -> None:
-        try:
-            async for item in source:
-                await queue.put((True, item))
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
-            await queue.put((False, exc))
-        else:
-            await queue.put((False, _END))
-        finally:
-            aclose = getattr(source, "aclose", None)
-            if aclose is not None:
-                await aclose()  # a no-op if the source finished; runs its cleanup if it did not
-
-    task = asyncio.ensure_future(pump())
-    get: asyncio.Future[tuple[bool, Any]] | None = None
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    step: asyncio.Task[Any] | None = None
     try:
         while True:
-            if get is None:
-                get = asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait({get}, timeout=interval)
+            if step is None:
+                step = loop.create_task(_next(source), context=context)
+            done, _ = await asyncio.wait({step}, timeout=interval)
             if not done:
                 yield KEEPALIVE
                 continue
-            ok, item = get.result()
-            get = None
-            if ok:
-                yield item
-            elif item is _END:
+            finished, step = step, None
+            item = finished.result()  # the source's exception, if it raised
+            if item is _END:
                 return
-            else:
-                raise item
+            yield item
     finally:
-        if get is not None:
-            get.cancel()
-        if not task.done():
-            task.cancel()
-        # Let the source's cleanup (engine abort, recording) finish; the task's own
-        # cancellation is its result here, a cancellation of this consumer still propagates.
-        await asyncio.gather(task, return_exceptions=True)
+        # Stop a running step, then close the source, in a task of its own: a consumer that is
+        # being cancelled (a client disconnect cancels the response task, possibly repeatedly)
+        # cannot interrupt the cleanup, so the engine request is always aborted and recorded.
+        cleanup = loop.create_task(_close(step, source), context=context)
+        await asyncio.shield(cleanup)
+
+
+async def _close(step: asyncio.Task[Any] | None, source: AsyncIterator[Any]) -> None:
+    if step is not None:
+        step.cancel()
+        await asyncio.gather(step, return_exceptions=True)
+    aclose = getattr(source, "aclose", None)
+    if aclose is not None:
+        await aclose()  # a no-op if the source finished; runs its cleanup if it did not
+
+
+async def _next(source: AsyncIterator[Any]) -> Any:
+    try:
+        return await source.__anext__()
+    except StopAsyncIteration:
+        return _END
