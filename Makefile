@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-fast fuzz bench install clean
+.PHONY: demo test test-fast lint fuzz bench install clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,7 +24,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rlgate demo --out demo-out
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

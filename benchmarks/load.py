@@ -170,7 +170,7 @@ def verify(tokenizer, seen: dict[str, list[dict]], exports: dict[str, dict]) -> 
             if item is None:
                 problems.append(f"{sid}: {got['id']} missing")
                 continue
-            out = [t for t, m in zip(item["input_ids"], item["loss_mask"]) if m]
+            out = [t for t, m in zip(item["input_ids"], item["loss_mask"], strict=False) if m]
             if len(item["input_ids"]) - len(out) != got["prompt"] or len(out) != got["completion"]:
                 problems.append(f"{got['id']}: token counts differ from usage")
             if tokenizer.decode(out, skip_special_tokens=True).strip() != got["text"].strip():
@@ -229,8 +229,8 @@ def measure_encoding() -> None:
     ]:
         blob = enc(data)
         assert dec(blob) == data
-        t_enc = min(timeit.repeat(lambda: enc(data), number=50, repeat=3)) / 50
-        t_dec = min(timeit.repeat(lambda: dec(blob), number=50, repeat=3)) / 50
+        t_enc = min(timeit.repeat(lambda enc=enc, data=data: enc(data), number=50, repeat=3)) / 50
+        t_dec = min(timeit.repeat(lambda dec=dec, blob=blob: dec(blob), number=50, repeat=3)) / 50
         rows.append((name, len(blob) / len(data), t_enc * 1e6, t_dec * 1e6))
     print(f"{'encoding (4096 values)':<24} {'bytes/value':>11} {'encode us':>10} {'decode us':>10}")
     for name, b, e, d in rows:
@@ -266,7 +266,7 @@ def main() -> None:
         for kind in args.stores:
             runs[kind].append(run_one(model, tokenizer, kind, args, tmp))
     rows = []
-    for kind, rs in runs.items():
+    for rs in runs.values():
         med = dict(rs[0])
         for field in ("rps", "p50_ms", "p99_ms", "wall_s", "export_s", "server_cpu_ms_per_req"):
             med[field] = sorted(r[field] for r in rs)[len(rs) // 2]

@@ -23,13 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlgate.core.generation import GenerationService
-from rlgate.core.request import ChatRequest
 from rlgate.chat.conversation import Message, ToolCall, ToolSpec
 from rlgate.config import GatewayConfig
+from rlgate.core.generation import GenerationService
+from rlgate.core.request import ChatRequest
+from rlgate.core.sessions import SessionManager
 from rlgate.engine.fake import FakeEngine
 from rlgate.model import load_tokenizer, stop_token_ids
-from rlgate.core.sessions import SessionManager
 from rlgate.store.base import MemoryStore
 from rlgate.trajectory.interaction import Session
 from rlgate.trajectory.tree import interaction_key
@@ -111,8 +111,8 @@ def main() -> None:
         session, req = build_conversation(service, tokenizer, stops, turns, random.Random(0))
         prompt, inter, _ = service.build_prompt(session, req)
         assert turns == 1 or inter.relation == "extend"
-        exact = median_time(lambda: service.build_prompt(session, req), args.repeats)
-        rerender = median_time(lambda: service.renderer.render_ids(req.messages, req.tools), args.repeats)
+        exact = median_time(lambda s=session, r=req: service.build_prompt(s, r), args.repeats)
+        rerender = median_time(lambda r=req: service.renderer.render_ids(r.messages, r.tools), args.repeats)
         rows.append((turns, len(req.messages), len(prompt), exact, rerender))
     base = rows[0][3]
     print(f"{'turn':>5} {'msgs':>5} {'tokens':>7} {'token_exact ms':>15} {'re-render ms':>13} "

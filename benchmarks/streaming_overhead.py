@@ -87,7 +87,8 @@ def main() -> None:
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "serve", "--model", model, "--engine", "local",
-                             "--store", ":memory:", "--port", str(port), "--log-level", "warning"], env={**os.environ, "RLGATE_ADMIN_KEY": ADMIN})
+                             "--store", ":memory:", "--port", str(port), "--log-level", "warning"],
+                            env={**os.environ, "RLGATE_ADMIN_KEY": ADMIN})
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import ADMIN_KEY
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -29,8 +31,6 @@ def tokenizer(tiny_model_dir: Path):
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
-
-from helpers import ADMIN_KEY
 
 
 @pytest.fixture(scope="session")

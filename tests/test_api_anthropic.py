@@ -7,8 +7,8 @@ import json
 import re
 
 import pytest
-from helpers import admin_headers, key_headers, start_session
 
+from helpers import admin_headers, key_headers, start_session
 from rlgate.engine.base import EngineError, TokenDelta
 from rlgate.engine.fake import FakeEngine, fake_logprob
 

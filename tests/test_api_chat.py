@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import admin_headers, key_headers, start_session
 
+from helpers import admin_headers, key_headers, start_session
 from rlgate.engine.fake import FakeEngine, Scripted, fake_logprob
 
 USER = [{"role": "user", "content": "hi"}]
@@ -161,7 +161,7 @@ async def test_stop_strings(make_app, asgi_client, tokenizer):
         assert r.json()["choices"][0]["finish_reason"] == "stop"
         await c.post("/rl/end_session", headers=key_headers(key))
         item = (await _export(c, sid)).json()["interactions"][0]
-    out = [t for t, m in zip(item["input_ids"], item["loss_mask"]) if m]
+    out = [t for t, m in zip(item["input_ids"], item["loss_mask"], strict=False) if m]
     # kept tokens end with the token that completed the stop string
     assert tokenizer.decode(out).endswith("three")
     assert "four" not in tokenizer.decode(out)
@@ -357,4 +357,4 @@ async def test_scripted_token_ids_roundtrip(make_app, asgi_client, tokenizer, st
         assert r["choices"][0]["message"]["content"] == "abc"
         await c.post("/rl/end_session", headers=key_headers(key))
         item = (await _export(c, sid)).json()["interactions"][0]
-        assert [t for t, m in zip(item["input_ids"], item["loss_mask"]) if m] == ids
+        assert [t for t, m in zip(item["input_ids"], item["loss_mask"], strict=False) if m] == ids

@@ -6,10 +6,10 @@ import json
 import re
 
 import pytest
-from helpers import admin_headers, key_headers, start_session
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from helpers import admin_headers, key_headers, start_session
 from rlgate.engine.fake import FakeEngine
 
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
@@ -340,7 +340,7 @@ async def test_bad_input_messages_name_the_problem(make_app, asgi_client):
 
 
 def _generated(item):
-    return [t for t, m in zip(item["input_ids"], item["loss_mask"]) if m]
+    return [t for t, m in zip(item["input_ids"], item["loss_mask"], strict=False) if m]
 
 
 async def test_function_call_round_trip_extends(make_app, asgi_client, tokenizer):

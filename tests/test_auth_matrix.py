@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from fastapi.routing import APIRoute
+
 from helpers import ADMIN_KEY, key_headers, start_session
 
 PUBLIC = "public"  # no key needed

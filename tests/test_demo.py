@@ -31,7 +31,7 @@ def test_math_sequence_trains_only_the_answer(tokenizer, stop_ids):
     renderer = ChatRenderer(tokenizer)
     item = TASKS["math"](seed=0).train[0]
     ids, mask = math_sequence(renderer, item, stop_ids[0])
-    trained = [t for t, m in zip(ids, mask) if m]
+    trained = [t for t, m in zip(ids, mask, strict=False) if m]
     assert trained[-1] == stop_ids[0]
     assert tokenizer.decode(trained[:-1]) == item["answer"]
     assert ids[: mask.index(1)] == renderer.render_ids([_user(item["question"])])
@@ -45,7 +45,7 @@ def test_tools_sequence_is_the_conversation_the_gateway_renders(tokenizer, stop_
     ids, mask = tools_sequence(renderer, item, stop_ids[0], CALCULATOR_TOOL)
     # two trained spans: the tool call, then the answer, each ending in the stop token
     spans, cur = [], []
-    for t, m in zip(ids, mask):
+    for t, m in zip(ids, mask, strict=False):
         if m:
             cur.append(t)
         elif cur:
@@ -57,7 +57,7 @@ def test_tools_sequence_is_the_conversation_the_gateway_renders(tokenizer, stop_
     assert "<tool_call>" in call and json.dumps(item["expression"]) in call
     assert tokenizer.decode(spans[1][:-1]) == item["answer"]
     # the tool result sits in the untrained bridge between the two spans
-    bridge_text = tokenizer.decode([t for t, m in zip(ids, mask) if not m])
+    bridge_text = tokenizer.decode([t for t, m in zip(ids, mask, strict=False) if not m])
     assert item["answer"] in bridge_text and item["question"] in bridge_text
 
 
@@ -71,7 +71,7 @@ def test_warm_start_writes_a_checkpoint_and_caches_it(tiny_model_dir, tmp_path):
     assert first["steps_run"] == 2 and first["final_loss"] == first["final_loss"]  # not NaN
     model = AutoModelForCausalLM.from_pretrained(out)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    changed = any((p - q).abs().max() > 0 for p, q in zip(model.parameters(), base.parameters()))
+    changed = any((p - q).abs().max() > 0 for p, q in zip(model.parameters(), base.parameters(), strict=False))
     assert changed
     assert (out / "tokenizer.json").is_file()
     mtime = (out / "model.safetensors").stat().st_mtime_ns

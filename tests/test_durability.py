@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from helpers import ADMIN_KEY, free_port, wait_healthy
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -83,11 +84,11 @@ async def one_turn(c: httpx.AsyncClient, key: str, messages: list[dict], *, stre
 
 def check_exported(tokenizer, seen: dict, item: dict) -> None:
     """The exported sample is token for token what the client received."""
-    out = [t for t, m in zip(item["input_ids"], item["loss_mask"]) if m]
+    out = [t for t, m in zip(item["input_ids"], item["loss_mask"], strict=False) if m]
     assert len(item["input_ids"]) - len(out) == seen["prompt"]
     assert len(out) == seen["completion"]
     assert tokenizer.decode(out, skip_special_tokens=True).strip() == seen["text"].strip()
-    assert all(v == 0 for v, m in zip(item["versions"], item["loss_mask"]) if m)
+    assert all(v == 0 for v, m in zip(item["versions"], item["loss_mask"], strict=False) if m)
 
 
 @pytest.mark.slow

@@ -13,9 +13,9 @@ import math
 import anthropic
 import pytest
 from anthropic import AsyncAnthropic
+
 from helpers import ADMIN_KEY
 from remote_helpers import KINDS
-
 from rlgate.client import GatewayClient
 from rlgate.engine.base import EngineError, TokenDelta
 from rlgate.engine.fake import FakeEngine, fake_logprob

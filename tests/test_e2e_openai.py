@@ -10,11 +10,11 @@ import sys
 
 import httpx
 import pytest
-from helpers import ADMIN_KEY, free_port, wait_healthy
 from openai import AsyncOpenAI
+
+from helpers import ADMIN_KEY, free_port, wait_healthy
 from remote_helpers import KINDS, start_fake_backend
 from remote_helpers import stop as stop_process
-
 from rlgate.client import GatewayClient
 
 TOOLS = [{"type": "function", "function": {
@@ -53,7 +53,7 @@ def served(request, tiny_model_dir):
 
 
 def _generated(sample):
-    return [t for t, m in zip(sample["input_ids"], sample["loss_mask"]) if m]
+    return [t for t, m in zip(sample["input_ids"], sample["loss_mask"], strict=False) if m]
 
 
 @pytest.mark.slow
@@ -81,7 +81,7 @@ async def test_openai_sdk_session_roundtrip(served, tokenizer, stop_ids, suffix)
     # rewards 1, 2, 3 on a chain, discount 1.0: each turn gets its return-to-go
     assert [i["reward"] for i in items] == [6.0, 5.0, 3.0]
     assert [i["relation"] for i in items] == ["root", "extend", "extend"]
-    for item, reply in zip(items, replies):
+    for item, reply in zip(items, replies, strict=False):
         n_prompt = item["loss_mask"].index(1)
         expected_prompt = tokenizer.apply_chat_template(item["messages"], tools=TOOLS, tokenize=True,
                                                         add_generation_prompt=True)["input_ids"]
@@ -142,7 +142,7 @@ async def test_logprobs_match_teacher_forcing(served, tiny_model_dir):
         ids = torch.tensor([item["input_ids"]])
         with torch.no_grad():
             logp = torch.log_softmax(model(ids).logits.float(), dim=-1)[0]
-        for pos, (tok, m, lp) in enumerate(zip(item["input_ids"], item["loss_mask"], item["logprobs"])):
+        for pos, (tok, m, lp) in enumerate(zip(item["input_ids"], item["loss_mask"], item["logprobs"], strict=False)):
             if m:
                 assert abs(logp[pos - 1, tok].item() - lp) < 1e-4
                 checked += 1

@@ -8,10 +8,10 @@ import json
 import httpx
 import openai
 import pytest
-from helpers import admin_headers, key_headers, start_session
 from openai import AsyncOpenAI
-from remote_helpers import KINDS
 
+from helpers import admin_headers, key_headers, start_session
+from remote_helpers import KINDS
 from rlgate.engine.fake import FakeEngine
 from rlgate.server.runner import ServerThread
 
@@ -148,7 +148,7 @@ async def test_local_engine_streamed_and_non_streamed_record_the_same(make_app, 
     assert plain.usage.output_tokens == streamed.usage.output_tokens >= 1
     assert a["input_ids"] == b["input_ids"] and a["versions"] == b["versions"] and a["loss_mask"] == b["loss_mask"]
     assert len(a["logprobs"]) == len(b["logprobs"])
-    assert max(abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"])) < 1e-5
+    assert max(abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"], strict=False)) < 1e-5
     assert sum(a["loss_mask"]) == plain.usage.output_tokens
 
 

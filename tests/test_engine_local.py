@@ -95,7 +95,7 @@ async def test_logprobs_match_teacher_forcing(engine: LocalEngine, ref_model, te
         engine.generate(req(p, max_new_tokens=24, temperature=temperature, seed=i))
         for i, p in enumerate(PROMPTS)
     ))
-    for prompt, res in zip(PROMPTS, results):
+    for prompt, res in zip(PROMPTS, results, strict=False):
         assert len(res.output_ids) == len(res.output_logprobs) == len(res.output_versions) == 24
         expected = teacher_forced(ref_model, prompt, res.output_ids, temperature)
         torch.testing.assert_close(torch.tensor(res.output_logprobs), expected, atol=1e-4, rtol=0)
@@ -110,7 +110,7 @@ async def test_truncated_sampling_reports_untruncated_logprobs(engine: LocalEngi
     ids = torch.tensor([prompt + res.output_ids])
     with torch.no_grad():
         top3 = ref_model(ids).logits[0, len(prompt) - 1 : -1].topk(3).indices
-    assert all(tok in row.tolist() for tok, row in zip(res.output_ids, top3))
+    assert all(tok in row.tolist() for tok, row in zip(res.output_ids, top3, strict=False))
 
     nucleus = await engine.generate(req(prompt, max_new_tokens=20, top_p=1e-6, seed=3))
     greedy = await engine.generate(req(prompt, max_new_tokens=20, temperature=0))
@@ -121,7 +121,7 @@ async def test_greedy_matches_hf_generate(engine: LocalEngine, ref_model) -> Non
     results = await asyncio.gather(
         *(engine.generate(req(p, max_new_tokens=32, temperature=0)) for p in PROMPTS)
     )
-    for prompt, res in zip(PROMPTS, results):
+    for prompt, res in zip(PROMPTS, results, strict=False):
         with torch.no_grad():
             out = ref_model.generate(
                 torch.tensor([prompt]), do_sample=False, max_new_tokens=32, eos_token_id=None, pad_token_id=0
@@ -457,7 +457,7 @@ async def test_other_architectures(arch: str, tmp_path: Path) -> None:
         results = await asyncio.gather(
             *(eng.generate(req(p, max_new_tokens=20, seed=i)) for i, p in enumerate(prompts))
         )
-        for prompt, res in zip(prompts, results):
+        for prompt, res in zip(prompts, results, strict=False):
             expected = teacher_forced(model, prompt, res.output_ids)
             torch.testing.assert_close(torch.tensor(res.output_logprobs), expected, atol=1e-4, rtol=0)
         assert await eng.update_weights_from_path(tmp_path) == 1

@@ -277,7 +277,7 @@ async def test_affinity_least_loaded_and_failover_modes():
 
     urls = ("http://a:1", "http://b:1", "http://c:1")
     engine = sglang(handler, urls=urls)
-    for turn in range(3):
+    for _turn in range(3):
         for s in range(6):
             await collect(engine.stream(req(session=f"s{s}")))
     assert all(len(set(hosts)) == 1 and len(hosts) == 3 for hosts in served.values())

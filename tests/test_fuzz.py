@@ -15,9 +15,10 @@ import os
 
 import pytest
 import schemathesis
-from helpers import ADMIN_KEY
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
+
+from helpers import ADMIN_KEY
 
 EXAMPLES = int(os.environ.get("RLGATE_FUZZ_EXAMPLES", "8"))
 

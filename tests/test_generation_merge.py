@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rlgate.core.generation import merge_text_deltas
 from rlgate.chat.output import ContentDelta, ReasoningDelta, ToolCallDelta
+from rlgate.core.generation import merge_text_deltas
 
 
 def test_adjacent_text_deltas_merge_in_order():

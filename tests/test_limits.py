@@ -6,8 +6,8 @@ import asyncio
 
 import httpx
 import pytest
-from helpers import admin_headers, key_headers, start_session
 
+from helpers import admin_headers, key_headers, start_session
 from rlgate.engine.fake import FakeEngine
 
 USER = [{"role": "user", "content": "hi"}]
@@ -241,8 +241,9 @@ async def test_idle_sweeper_ends_but_keeps_sessions(make_app, asgi_client):
 
 
 async def test_sweep_interval_and_limits_come_from_the_cli(tiny_model_dir):
-    from rlgate.cli import add_serve_args, build_app
     import argparse
+
+    from rlgate.cli import add_serve_args, build_app
 
     p = argparse.ArgumentParser()
     add_serve_args(p)

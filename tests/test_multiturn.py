@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from helpers import ADMIN_KEY, admin_headers, key_headers, start_session
 from remote_helpers import KINDS
-
 from rlgate.engine.fake import FakeEngine, Scripted
 
 
@@ -115,7 +115,7 @@ async def test_four_turn_tool_conversation_concat(make_app, asgi_client, tokeniz
     for a, b in spans:
         expected_mask[a:b] = [1] * (b - a)
     assert sample["loss_mask"] == expected_mask
-    assert [v for v, m in zip(sample["versions"], sample["loss_mask"]) if not m] == [-1] * expected_mask.count(0)
+    assert [v for v, m in zip(sample["versions"], sample["loss_mask"], strict=False) if not m] == [-1] * expected_mask.count(0)
 
 
 @pytest.mark.parametrize("mode", ["token_exact", "rerender"])

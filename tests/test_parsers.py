@@ -19,7 +19,7 @@ from rlgate.chat.parsers import (
 
 
 def run(parser, text: str, splits: list[int] | None = None):
-    pieces = [text] if splits is None else [text[a:b] for a, b in zip([0] + splits, splits + [len(text)])]
+    pieces = [text] if splits is None else [text[a:b] for a, b in zip([0] + splits, splits + [len(text)], strict=False)]
     events = []
     for p in pieces:
         events += parser.feed(p)

@@ -15,6 +15,7 @@ import sys
 
 import httpx
 import pytest
+
 from helpers import ADMIN_KEY, admin_headers, key_headers
 from remote_helpers import (
     REMOTE_KINDS,
@@ -24,7 +25,6 @@ from remote_helpers import (
     start_gateway,
     stop,
 )
-
 from rlgate.client import GatewayClient
 from rlgate.engine.fake import FakeEngine
 from rlgate.server.runner import ServerThread

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import ADMIN_KEY
 
+from helpers import ADMIN_KEY
 from rlgate.client import GatewayClient
 from rlgate.engine.fake import FakeEngine
 from rlgate.rollout.agent import AgentError, check_result

@@ -14,6 +14,7 @@ import time
 
 import httpx
 import pytest
+
 from helpers import ADMIN_KEY, admin_headers, key_headers
 
 OWN_KEY = "caller-chosen-session-key-" + "q" * 32

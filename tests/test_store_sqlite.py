@@ -9,8 +9,8 @@ import sqlite3
 import stat
 
 import pytest
-from helpers import ADMIN_KEY, admin_headers, key_headers, start_session
 
+from helpers import ADMIN_KEY, admin_headers, key_headers, start_session
 from rlgate.chat.conversation import message_to_openai
 from rlgate.engine.fake import FakeEngine
 from rlgate.store import open_store

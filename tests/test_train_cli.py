@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pydantic
 import pytest
 import yaml
 
@@ -23,7 +24,7 @@ def test_config_validation(tmp_path):
     cfg = load_config(p)
     assert cfg.grpo.lr == -1  # values are the user's; types are checked
     p.write_text(yaml.safe_dump({"model": "m", "dataset": "d.jsonl", "agent": "x:y", "steps": "many"}))
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError):
         load_config(p)
 
 

@@ -11,8 +11,8 @@ import sys
 import httpx
 import pytest
 import torch
-from helpers import ADMIN_KEY, free_port
 
+from helpers import ADMIN_KEY, free_port
 from rlgate.client import GatewayClient, GatewayClientError
 from rlgate.rollout.runner import Episode, Group, RolloutRunner
 from rlgate.server.runner import ServerThread
@@ -54,7 +54,7 @@ async def _run_loop(tiny_model_dir, make_app, *, max_staleness, steps, record):
     original_step = trainer.step
 
     def recording_step(samples, group_ids, version):
-        record.append((version, [[v for v, m in zip(s["versions"], s["loss_mask"]) if m] for s in samples]))
+        record.append((version, [[v for v, m in zip(s["versions"], s["loss_mask"], strict=False) if m] for s in samples]))
         return original_step(samples, group_ids, version)
 
     trainer.step = recording_step
@@ -136,7 +136,7 @@ async def test_in_flight_request_across_a_weight_swap_carries_two_versions(tiny_
                         assert await client.update_weights(str(ckpt)) == 1
                 await oai.close()
             exp = await s.export()
-    versions = [v for v, m in zip(exp["interactions"][0]["versions"], exp["interactions"][0]["loss_mask"]) if m]
+    versions = [v for v, m in zip(exp["interactions"][0]["versions"], exp["interactions"][0]["loss_mask"], strict=False) if m]
     # (seed 1 makes the random tiny model write well past the 5th chunk before stopping)
     assert len(versions) > 8
     assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)

@@ -128,7 +128,7 @@ def test_jsonl_and_parquet_roundtrip(tmp_path):
     write_parquet(samples, tmp_path / "s.parquet")
     ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "s.parquet"), split="train")
     assert len(ds) == len(samples)
-    for row, s in zip(ds, samples):
+    for row, s in zip(ds, samples, strict=False):
         assert row["input_ids"] == s["input_ids"]
         assert row["loss_mask"] == s["loss_mask"]
         assert row["versions"] == s["versions"]

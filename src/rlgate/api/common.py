@@ -6,13 +6,14 @@ import json
 import logging
 import math
 import re
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from rlgate.errors import InvalidRequest
 from rlgate.chat.conversation import ToolSpec
+from rlgate.errors import InvalidRequest
 
 log = logging.getLogger("rlgate.api")
 
@@ -73,7 +74,7 @@ def _has_lone_surrogate(value: Any) -> bool:
     return False
 
 
-def _loc(err: dict[str, Any]) -> str:
+def _loc(err: Mapping[str, Any]) -> str:
     parts = [str(p) for p in err.get("loc", ()) if not str(p).startswith("function-")]
     out = ""
     for p in parts:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,7 +16,7 @@ from rlgate.store.base import StoreError
 log = logging.getLogger("rlgate.server")
 
 
-def _error_response(request: Request, exc: GatewayError, headers: dict[str, str] | None = None) -> JSONResponse:
+def _error_response(request: Request, exc: GatewayError, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(exc, surface_of(request.url.path)), status_code=exc.status, headers=headers)
 
 

@@ -18,23 +18,22 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from rlgate.errors import ContextLengthExceeded, InvalidRequest, Unavailable, UpstreamError
-from rlgate.chat.conversation import Message, ToolSpec, tools_digest
+from rlgate.chat.conversation import DigestChain, Message, tools_digest
 from rlgate.chat.output import ContentDelta, OutputAssembler, OutputEvent, ReasoningDelta, openai_call_id
 from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser
 from rlgate.chat.render import BridgeError, ChatRenderer, TemplateError
 from rlgate.config import GatewayConfig
-from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
 from rlgate.core.limits import check_request_limits
 from rlgate.core.request import ChatRequest
 from rlgate.core.sessions import SessionManager
+from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
+from rlgate.errors import ContextLengthExceeded, InvalidRequest, Unavailable, UpstreamError
 from rlgate.store.base import StoreError
 from rlgate.trajectory.interaction import Interaction, Session
-from rlgate.chat.conversation import DigestChain
 from rlgate.trajectory.tree import find_parent
 
 log = logging.getLogger("rlgate.generation")
@@ -214,7 +213,7 @@ class GenerationService:
             call_id=p.call_id,
         )
 
-    async def run(self, p: Prepared) -> AsyncIterator[OutputEvent | Finished]:
+    async def run(self, p: Prepared) -> AsyncGenerator[OutputEvent | Finished, None]:
         """Generate; the interaction is registered when iteration starts (not in prepare),
         so a response that is never sent leaves nothing pending behind."""
         self.sessions.require_generating(p.session)

@@ -18,6 +18,8 @@ import secrets
 import time
 from typing import Any
 
+from rlgate.config import GatewayConfig
+from rlgate.core.request_scope import after_response
 from rlgate.errors import (
     AuthenticationFailed,
     Conflict,
@@ -27,10 +29,8 @@ from rlgate.errors import (
     RateLimited,
     Unavailable,
 )
-from rlgate.config import GatewayConfig
-from rlgate.core.request_scope import after_response
 from rlgate.store.base import Store
-from rlgate.trajectory.export import export_samples
+from rlgate.trajectory.export import ExportStyle, export_samples
 from rlgate.trajectory.interaction import Interaction, Session, TrajectoryMode
 from rlgate.trajectory.tree import interaction_key, register_completed
 
@@ -259,7 +259,7 @@ class SessionManager:
         self,
         session_id: str,
         *,
-        style: str = "individual",
+        style: ExportStyle = "individual",
         discount: float = 1.0,
         keep: bool = False,
         wait_timeout: float = 0.0,

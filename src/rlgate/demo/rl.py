@@ -37,6 +37,7 @@ from typing import Any
 from rlgate.demo.scripted import ensure_tiny_model
 from rlgate.demo.sft import warm_start
 from rlgate.demo.tasks import TASKS
+from rlgate.trajectory.export import ExportStyle
 
 
 @dataclass
@@ -159,7 +160,7 @@ async def _train(url: str, admin_key: str, model_dir: Path, out: Path, task: str
     torch.manual_seed(seed)
     rng = random.Random(seed)
     client = GatewayClient(url, admin_key)
-    style = "concat" if task == "tools" else "individual"
+    style: ExportStyle = "concat" if task == "tools" else "individual"
     runner = RolloutRunner(client, _agent_factory(task, settings.max_tokens), group_size=settings.group_size,
                            concurrency=settings.concurrency, episode_timeout=60, export_style=style)
     heldout = split.heldout[: settings.eval_items]
@@ -198,7 +199,7 @@ async def _train(url: str, admin_key: str, model_dir: Path, out: Path, task: str
     original_step = trainer.step
 
     def recording_step(samples, group_ids, version):
-        for s, g in zip(samples, group_ids):
+        for s, g in zip(samples, group_ids, strict=False):
             all_samples.append({**s, "group": g, "train_version": version})
         return original_step(samples, group_ids, version)
 

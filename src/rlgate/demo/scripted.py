@@ -11,6 +11,7 @@ import asyncio
 import json
 import secrets
 from pathlib import Path
+from typing import Any
 
 from rlgate.demo.tiny import build_tiny_model
 
@@ -30,7 +31,7 @@ async def _session(url: str, admin_key: str, tokenizer) -> dict:
     async with GatewayClient(url, admin_key) as client:
         async with client.session("demo") as s:
             oai = AsyncOpenAI(base_url=s.base_url, api_key=s.api_key)
-            messages = [{"role": "system", "content": "You are a helpful assistant."}]
+            messages: list[Any] = [{"role": "system", "content": "You are a helpful assistant."}]
             for question in ["What is 2 + 3?", "And 10 * 4?", "Thanks!"]:
                 messages.append({"role": "user", "content": question})
                 reply = await oai.chat.completions.create(
@@ -38,7 +39,7 @@ async def _session(url: str, admin_key: str, tokenizer) -> dict:
                 )
                 text = reply.choices[0].message.content or ""
                 print(f"user: {question}\nassistant ({reply.choices[0].finish_reason}, "
-                      f"{reply.usage.completion_tokens} tokens): {text!r}")
+                      f"{reply.usage.completion_tokens if reply.usage else '?'} tokens): {text!r}")
                 messages.append({"role": "assistant", "content": text})
             await s.set_reward(1.0)
             await oai.close()
@@ -65,8 +66,8 @@ def run_scripted_demo(out: Path, seed: int = 0) -> int:
     print(f"\nexported {len(export['interactions'])} sample(s), stats {export['stats']}")
     for sample in export["interactions"]:
         ids, mask = sample["input_ids"], sample["loss_mask"]
-        gen = [i for i, m in zip(ids, mask) if m]
-        lps = [lp for lp, m in zip(sample["logprobs"], mask) if m]
+        gen = [i for i, m in zip(ids, mask, strict=False) if m]
+        lps = [lp for lp, m in zip(sample["logprobs"], mask, strict=False) if m]
         print(f"- {sample['id']} chain={len(sample.get('chain', [sample['id']]))} turns, "
               f"{len(ids)} tokens, {len(gen)} generated, reward={sample['reward']}, "
               f"versions={sorted(set(v for v in sample['versions'] if v >= 0))}, "

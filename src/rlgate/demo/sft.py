@@ -81,7 +81,7 @@ def greedy_accuracy(model: Any, renderer: ChatRenderer, items: list[dict[str, An
 
     prompts = [renderer.render_ids([Message.of("user", it["question"])]) for it in items]
     texts = greedy_texts(model, renderer, prompts, stop_ids, batch_size=len(prompts))
-    return sum(math_reward(t, it["answer"]) for t, it in zip(texts, items)) / len(items)
+    return sum(math_reward(t, it["answer"]) for t, it in zip(texts, items, strict=False)) / len(items)
 
 
 def tools_greedy_accuracy(model: Any, renderer: ChatRenderer, items: list[dict[str, Any]], stop_ids: list[int],
@@ -102,7 +102,7 @@ def tools_greedy_accuracy(model: Any, renderer: ChatRenderer, items: list[dict[s
         second.append(ids[:last_start])
     answers = greedy_texts(model, renderer, second, stop_ids)
     ok = [json.dumps(it["expression"]) in call and bool(math_reward(ans, it["answer"]))
-          for it, call, ans in zip(items, calls, answers)]
+          for it, call, ans in zip(items, calls, answers, strict=False)]
     return sum(ok) / len(items)
 
 
@@ -172,7 +172,7 @@ def warm_start(
             n = len(seq)
             ids[b, :n] = torch.tensor(seq)
             att[b, :n] = 1
-            labels[b, :n] = torch.tensor([t if m else -100 for t, m in zip(seq, mask)])
+            labels[b, :n] = torch.tensor([t if m else -100 for t, m in zip(seq, mask, strict=False)])
         # labels are shifted inside the model: position t predicts token t
         loss = model(input_ids=ids, attention_mask=att, labels=labels).loss
         loss.backward()
@@ -182,8 +182,11 @@ def warm_start(
         loss_value = float(loss.detach())
         done_steps = step
         if target_accuracy is not None and validation and step >= min_steps and step % check_every == 0:
-            val_accuracy = (tools_greedy_accuracy(model, renderer, validation, stops, tool) if task == "tools"
-                            else greedy_accuracy(model, renderer, validation, stops))
+            if task == "tools":
+                assert tool is not None
+                val_accuracy = tools_greedy_accuracy(model, renderer, validation, stops, tool)
+            else:
+                val_accuracy = greedy_accuracy(model, renderer, validation, stops)
             log(f"warm start: step {step} loss {loss_value:.3f} validation accuracy {val_accuracy:.1%}")
             if val_accuracy >= target_accuracy:
                 break

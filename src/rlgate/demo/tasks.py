@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+
 @dataclass
 class TaskSplit:
     train: list[dict[str, Any]]

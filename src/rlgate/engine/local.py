@@ -48,10 +48,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PretrainedConfig
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from rlgate.engine.base import (
@@ -105,6 +105,11 @@ class _SlabLayer(DynamicLayer):
     def length(self) -> int:
         return 0 if self.keys is None else self.keys.shape[-2]
 
+    def kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The filled part of the cache (the layer must hold something)."""
+        assert self.keys is not None and self.values is not None, "empty cache layer"
+        return self.keys, self.values
+
     def set_buffers(self, k: torch.Tensor, v: torch.Tensor, length: int) -> None:
         self._k, self._v = k, v
         self.keys, self.values = k[:, :, :length], v[:, :, :length]
@@ -123,15 +128,14 @@ class _SlabLayer(DynamicLayer):
         self._k[:, :, old:new] = key_states
         self._v[:, :, old:new] = value_states
         self.set_buffers(self._k, self._v, new)
-        return self.keys, self.values
+        return self.kv()
 
     def _reserve(self, ks: torch.Tensor, vs: torch.Tensor, capacity: int) -> None:
         b, h, _, dk = ks.shape
         k = ks.new_empty(b, h, capacity, dk)
         v = vs.new_empty(b, h, capacity, vs.shape[-1])
         if self.length:
-            k[:, :, : self.length] = self.keys
-            v[:, :, : self.length] = self.values
+            k[:, :, : self.length], v[:, :, : self.length] = self.kv()
         self._k, self._v = k, v
 
     def select_rows(self, rows: torch.Tensor) -> None:
@@ -166,10 +170,11 @@ class _PaddedCache(DynamicCache):
     def concat(cls, a: _PaddedCache, b: _PaddedCache) -> _PaddedCache:
         """Stack two caches along the batch axis, left padding the shorter one."""
         out = cls(len(a.layers))
-        for la, lb, lo in zip(a.slabs, b.slabs, out.slabs):
+        for la, lb, lo in zip(a.slabs, b.slabs, out.slabs, strict=False):
             length = max(la.length, lb.length)
-            k = _stack_left_padded(la.keys, lb.keys, length + _headroom(length))
-            v = _stack_left_padded(la.values, lb.values, length + _headroom(length))
+            (ka, va), (kb, vb) = la.kv(), lb.kv()
+            k = _stack_left_padded(ka, kb, length + _headroom(length))
+            v = _stack_left_padded(va, vb, length + _headroom(length))
             lo.set_buffers(k, v, length)
         return out
 
@@ -429,10 +434,11 @@ class LocalEngine(StreamingEngineMixin):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         if model is None:
+            assert model_path is not None
             target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-            if dtype is None:
-                dtype = torch.float32 if target.type == "cpu" else "auto"  # type: ignore[assignment]
-            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(target)
+            load_dtype: torch.dtype | str = dtype or (torch.float32 if target.type == "cpu" else "auto")
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype)
+            torch.nn.Module.to(model, target)  # transformers types its own `to` oddly
         else:
             # A shared (colocated) model stays where the trainer put it unless told otherwise.
             moves: dict[str, Any] = {"device": device, "dtype": dtype}
@@ -444,7 +450,7 @@ class LocalEngine(StreamingEngineMixin):
         self._model = model
         self._device = next(model.parameters()).device
         self._num_layers = _attention_layer_count(model)
-        self._vocab_size = model.get_input_embeddings().num_embeddings
+        self._vocab_size = int(cast(torch.Tensor, model.get_input_embeddings().weight).shape[0])
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         if max_context_length is None:
             text_config = model.config.get_text_config()
@@ -613,7 +619,7 @@ class LocalEngine(StreamingEngineMixin):
                 self._run(command)
             try:
                 self._step(newcomers)
-            except Exception as e:  # keep serving: fail what was in flight, start afresh
+            except Exception as e:  # noqa: BLE001 - the engine thread keeps serving: fail what was in flight
                 error = EngineError(f"generation failed: {type(e).__name__}: {e}", status=500)
                 for req in [*newcomers, *(self._batch.rows if self._batch is not None else [])]:
                     req.finish_with(error)
@@ -640,7 +646,7 @@ class LocalEngine(StreamingEngineMixin):
     def _run(self, command: _Command) -> None:
         try:
             command.resolve(command.fn())
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure of a command goes back to its caller
             if not isinstance(e, EngineError):
                 e = WeightUpdateError(f"weight update failed: {type(e).__name__}: {e}", status=500)
             command.resolve(error=e)
@@ -699,7 +705,7 @@ class LocalEngine(StreamingEngineMixin):
             logits, [r.sampling for r in batch.rows], [r.generator for r in batch.rows]
         )
         version = self._version
-        for req, tok, lp in zip(batch.rows, tokens, logprobs):
+        for req, tok, lp in zip(batch.rows, tokens, logprobs, strict=False):
             if req.done:
                 continue
             req.num_generated += 1
@@ -744,7 +750,7 @@ class LocalEngine(StreamingEngineMixin):
 
 def _attention_layer_count(model: torch.nn.Module) -> int:
     """Number of KV cache layers; refuse models whose cache is not plain attention."""
-    probe = DynamicCache(config=model.config)
+    probe = DynamicCache(config=cast(PretrainedConfig, model.config))
     unsupported = {type(layer).__name__ for layer in probe.layers if not isinstance(layer, DynamicLayer)}
     if unsupported:
         raise ValueError(

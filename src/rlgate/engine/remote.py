@@ -25,9 +25,10 @@ Several backends at once
   checkpoint on all of them, and bumps the version only if every one succeeded. On a
   partial failure every backend that loaded it, or failed part-way, is rolled back to
   the previous checkpoint (one that refused it kept its weights); a backend whose
-  rollback fails, or whose previous checkpoint is unknown, is quarantined (``stale``: no traffic) until a later update or a health-loop resync
-  brings it to the current version. Generation resumes in every case. A backend that is
-  down during an update is resynced before it rejoins. So a backend serves traffic only
+  rollback fails, or whose previous checkpoint is unknown, is quarantined (``stale``: no
+  traffic) until a later update or a health-loop resync brings it to the current version.
+  Generation resumes in every case. A backend that is down during an update is resynced
+  before it rejoins. So a backend serves traffic only
   while it holds the gateway's current version.
 
 Errors

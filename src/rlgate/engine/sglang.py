@@ -242,7 +242,7 @@ def _finish(value: Any) -> FinishReason | None:
         raise MalformedResponse(f"finish_reason is not an object: {value!r}")
     kind = value.get("type")
     if kind in ("stop", "length"):
-        return kind  # type: ignore[return-value]
+        return kind
     if kind == "abort":
         status = value.get("status_code")
         raise BackendRejected(f"the backend aborted the request: {value.get('message') or 'no reason given'}",

@@ -228,7 +228,7 @@ def _finish(value: Any) -> FinishReason | None:
     if value is None:
         return None
     if value in ("stop", "length"):
-        return value  # type: ignore[return-value]
+        return value
     if value == "abort":
         raise BackendRejected("the backend aborted the request", 503)
     raise MalformedResponse(f"unknown finish_reason {value!r}")

@@ -104,7 +104,12 @@ async def run_subprocess(agent: Any, data: dict[str, Any], *, base_url: str, api
     # readable when the child sends its result, or at EOF when the child dies.
     readable = loop.create_future()
     fd = parent.fileno()
-    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+    
+    def on_readable() -> None:
+        if not readable.done():
+            readable.set_result(None)
+
+    loop.add_reader(fd, on_readable)
     try:
         try:
             await asyncio.wait_for(readable, timeout)

@@ -32,7 +32,7 @@ class BodyLimitMiddleware:
                 return
             try:
                 message = await asyncio.wait_for(receive(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return
             if message["type"] != "http.request":
                 return

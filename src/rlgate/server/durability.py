@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from typing import Any
 
-from rlgate.errors import Unavailable, error_body, surface_of
 from rlgate.core.request_scope import begin_request, end_request
+from rlgate.errors import Unavailable, error_body, surface_of
 from rlgate.store.base import StoreError
 
 log = logging.getLogger("rlgate.store")

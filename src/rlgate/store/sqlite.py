@@ -212,7 +212,7 @@ def _key_text(s: str, what: str) -> str:
 
 def _common_prefix_len(a: list[Message], b: list[Message]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
@@ -320,13 +320,13 @@ class SQLiteStore:
                 f"SELECT {', '.join(_STATIC_COLS + _DYNAMIC_COLS)} FROM interactions ORDER BY seq").fetchall()
         sessions: dict[str, Session] = {}
         for row in srows:
-            r = dict(zip(_SESSION_COLS, row))
+            r = dict(zip(_SESSION_COLS, row, strict=False))
             s = Session(id=r["id"], task_id=r["task_id"], key_hash=r["key_hash"], mode=r["mode"],
                         status=r["status"], created_at=r["created_at"], last_active=r["last_active"],
                         ended_at=r["ended_at"], exported_at=r["exported_at"], metadata=json.loads(r["metadata"]))
             sessions[s.id] = s
         decoded: dict[str, Interaction] = {}
-        all_rows = [dict(zip(_STATIC_COLS + _DYNAMIC_COLS, row)) for row in irows]
+        all_rows = [dict(zip(_STATIC_COLS + _DYNAMIC_COLS, row, strict=False)) for row in irows]
         known = {r["id"] for r in all_rows}
         rows = all_rows
         while rows:  # seq order puts a base before its extensions; loop in case it does not

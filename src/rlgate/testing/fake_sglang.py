@@ -38,13 +38,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from rlgate.engine.base import EngineError, GenerateRequest, SamplingParams
 from rlgate.testing.fake_backend import (
-    engine_app,
     SSE_DONE,
     Event,
     FakeBackend,
     InjectedReset,
     add_common_args,
     build_engine,
+    engine_app,
     new_id,
     quiet_injected_resets,
     run_server,

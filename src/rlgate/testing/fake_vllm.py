@@ -40,13 +40,13 @@ from fastapi.responses import JSONResponse, Response
 
 from rlgate.engine.base import EngineError, GenerateRequest, SamplingParams
 from rlgate.testing.fake_backend import (
-    engine_app,
     SSE_DONE,
     Event,
     FakeBackend,
     InjectedReset,
     add_common_args,
     build_engine,
+    engine_app,
     new_id,
     quiet_injected_resets,
     run_server,
@@ -125,7 +125,8 @@ def create_app(engine: Any, *, tokenizer: Any = None, model_path: str, model_nam
                           f"{max_tokens} in the completion). Please reduce the length of the messages or "
                           "completion.", 400, "input_tokens")
         try:
-            top_k = int(body.get("top_k") if body.get("top_k") is not None else -1)
+            raw_top_k = body.get("top_k")
+            top_k = int(raw_top_k) if raw_top_k is not None else -1
             sampling = SamplingParams(
                 max_new_tokens=int(max_tokens),
                 temperature=float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0),

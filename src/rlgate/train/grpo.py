@@ -74,7 +74,7 @@ class GRPOConfig(BaseModel):
 
 
 def sample_min_version(sample: dict[str, Any]) -> int | None:
-    vs = [v for v, m in zip(sample["versions"], sample["loss_mask"]) if m and v >= 0]
+    vs = [v for v, m in zip(sample["versions"], sample["loss_mask"], strict=False) if m and v >= 0]
     return min(vs) if vs else None
 
 

@@ -244,7 +244,9 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
 
         async def on_step(st: LoopState, m: dict[str, float]) -> None:
             if cfg.eval_every and st.step % cfg.eval_every == 0:
-                m["eval_accuracy"] = await evaluate()
+                accuracy = await evaluate()
+                if accuracy is not None:
+                    m["eval_accuracy"] = accuracy
             metrics_file.write(json.dumps(m) + "\n")
             metrics_file.flush()
             print(f"step {st.step}: reward {m['reward']:.3f} loss {m['loss']:.4f} "

@@ -14,7 +14,7 @@ block at the end of :class:`MessageCreateRequest`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
@@ -71,7 +71,7 @@ class URLImageSourceParam(_Open):
     url: str  # kept as a reference; never fetched
 
 
-ImageSource = Annotated[Union[Base64ImageSourceParam, URLImageSourceParam], Field(discriminator="type")]
+ImageSource = Annotated[Base64ImageSourceParam | URLImageSourceParam, Field(discriminator="type")]
 
 
 class ImageBlockParam(_Open):
@@ -89,12 +89,12 @@ class ToolUseBlockParam(_Open):
 
 
 TOOL_RESULT_BLOCK_TYPES = ("text", "image")
-ToolResultContentBlock = Annotated[Union[TextBlockParam, ImageBlockParam], Field(discriminator="type")]
+ToolResultContentBlock = Annotated[TextBlockParam | ImageBlockParam, Field(discriminator="type")]
 ToolResultContent = Annotated[
     list[ToolResultContentBlock],
     BeforeValidator(
         _typed_blocks(TOOL_RESULT_BLOCK_TYPES, "tool_result content"),
-        json_schema_input_type=Union[str, list[ToolResultContentBlock]],
+        json_schema_input_type=str | list[ToolResultContentBlock],
     ),
 ]
 
@@ -120,26 +120,19 @@ class RedactedThinkingBlockParam(_Open):
 
 MESSAGE_BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")
 ContentBlockParam = Annotated[
-    Union[
-        TextBlockParam,
-        ImageBlockParam,
-        ToolUseBlockParam,
-        ToolResultBlockParam,
-        ThinkingBlockParam,
-        RedactedThinkingBlockParam,
-    ],
+    TextBlockParam | ImageBlockParam | ToolUseBlockParam | ToolResultBlockParam | ThinkingBlockParam | RedactedThinkingBlockParam,
     Field(discriminator="type"),
 ]
 MessageContent = Annotated[
     list[ContentBlockParam],
     BeforeValidator(
         _typed_blocks(MESSAGE_BLOCK_TYPES, "a message"),
-        json_schema_input_type=Union[str, list[ContentBlockParam]],
+        json_schema_input_type=str | list[ContentBlockParam],
     ),
 ]
 SystemContent = Annotated[
     list[TextBlockParam],
-    BeforeValidator(_typed_blocks(("text",), "system"), json_schema_input_type=Union[str, list[TextBlockParam]]),
+    BeforeValidator(_typed_blocks(("text",), "system"), json_schema_input_type=str | list[TextBlockParam]),
 ]
 
 
@@ -184,7 +177,7 @@ class ToolChoiceNoneParam(_Open):
 
 
 ToolChoice = Annotated[
-    Union[ToolChoiceAutoParam, ToolChoiceAnyParam, ToolChoiceToolParam, ToolChoiceNoneParam], Field(discriminator="type")
+    ToolChoiceAutoParam | ToolChoiceAnyParam | ToolChoiceToolParam | ToolChoiceNoneParam, Field(discriminator="type")
 ]
 
 

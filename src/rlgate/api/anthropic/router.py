@@ -7,8 +7,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from rlgate.api.anthropic import serving
 from rlgate.api.anthropic.protocol import CountTokensRequest, MessageCreateRequest
-from rlgate.api.common import parse_model, read_json, report_ignored
 from rlgate.api.auth import session_from_request
+from rlgate.api.common import parse_model, read_json, report_ignored
 from rlgate.api.openapi import body_schema
 
 router = APIRouter()

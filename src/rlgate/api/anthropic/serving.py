@@ -53,12 +53,12 @@ from rlgate.api.anthropic.protocol import (
     ToolUseBlockParam,
 )
 from rlgate.api.common import extra_fields, sse, tool_spec
-from rlgate.errors import GatewayError, InvalidRequest, error_body
 from rlgate.api.keepalive import KEEPALIVE, with_keepalive
-from rlgate.core.generation import Finished, GenerationService, Prepared
-from rlgate.core.request import ChatRequest
 from rlgate.chat.conversation import ContentPart, ImagePart, Message, TextPart, ToolCall, ToolSpec
 from rlgate.chat.output import ContentDelta, OutputEvent, ReasoningDelta, ToolCallDelta
+from rlgate.core.generation import Finished, GenerationService, Prepared
+from rlgate.core.request import ChatRequest
+from rlgate.errors import GatewayError, InvalidRequest, error_body
 
 log = logging.getLogger("rlgate.api.anthropic")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from rlgate.api.auth import session_from_request
 from rlgate.api.common import parse_model, read_json, report_ignored
 from rlgate.api.openai_chat import serving
 from rlgate.api.openai_chat.protocol import ChatCompletionRequest
-from rlgate.api.auth import session_from_request
 from rlgate.api.openapi import body_schema
 
 router = APIRouter()

@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rlgate.api.common import extra_fields, sse, tool_spec
-from rlgate.errors import GatewayError, InvalidRequest, error_body
 from rlgate.api.keepalive import KEEPALIVE, with_keepalive
-from rlgate.core.generation import Finished, GenerationService, Prepared
-from rlgate.core.request import ChatRequest
 from rlgate.api.openai_chat.protocol import IGNORED_PARAMS, ChatCompletionRequest, ChatMessageParam
 from rlgate.chat.conversation import ContentPart, ImagePart, Message, TextPart, ToolCall
 from rlgate.chat.output import ContentDelta, ReasoningDelta, ToolCallDelta
+from rlgate.core.generation import Finished, GenerationService, Prepared
+from rlgate.core.request import ChatRequest
+from rlgate.errors import GatewayError, InvalidRequest, error_body
 
 ID_PREFIX = "chatcmpl-"
 
@@ -38,9 +38,9 @@ def convert_message(m: ChatMessageParam, index: int) -> Message:
     elif m.content is not None:
         for p in m.content:
             if p.type == "text":
-                parts.append(TextPart(p.text))  # type: ignore[union-attr]
+                parts.append(TextPart(p.text))
             else:
-                parts.append(parse_image_url(p.image_url.url))  # type: ignore[union-attr]
+                parts.append(parse_image_url(p.image_url.url))
     calls: list[ToolCall] = []
     for tc in m.tool_calls or []:
         if role != "assistant":
@@ -48,7 +48,7 @@ def convert_message(m: ChatMessageParam, index: int) -> Message:
         args = tc.function.arguments
         calls.append(ToolCall(tc.id, tc.function.name, args if isinstance(args, str) else json.dumps(args)))
     return Message(
-        role=role,  # type: ignore[arg-type]
+        role=role,
         content=parts,
         tool_calls=calls,
         tool_call_id=m.tool_call_id if role == "tool" else None,

@@ -33,7 +33,7 @@ def _str_or_list(value: Any) -> str | None:
 def _text_or(parts: Any, what: str) -> Any:
     """``str | list[parts]``, validated by the input's kind only (one clear error, not one per branch)."""
     return Annotated[
-        Annotated[str, Tag("str")] | Annotated[list[parts], Tag("list")],  # type: ignore[valid-type]
+        Annotated[str, Tag("str")] | Annotated[list[parts], Tag("list")],
         Discriminator(_str_or_list, custom_error_type="string_or_list",
                       custom_error_message=f"must be a string or a list of {what}"),
     ]

@@ -28,15 +28,12 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlgate.api.common import extra_fields, sse, tool_spec
-from rlgate.errors import ContextLengthExceeded, GatewayError, InvalidRequest
 from rlgate.api.keepalive import KEEPALIVE, with_keepalive
-from rlgate.core.generation import Finished, GenerationService, Prepared
-from rlgate.core.request import ChatRequest
 from rlgate.api.openai_chat.serving import parse_image_url
 from rlgate.api.openai_responses.protocol import (
     IGNORED_PARAMS,
@@ -56,6 +53,9 @@ from rlgate.api.openai_responses.protocol import (
 from rlgate.api.openai_responses.tools import ResponseTools, call_item, custom_call, local_shell_call, response_tools
 from rlgate.chat.conversation import ContentPart, Message, TextPart, ToolCall, ToolSpec
 from rlgate.chat.output import ContentDelta, ReasoningDelta, ToolCallDelta, openai_call_id
+from rlgate.core.generation import Finished, GenerationService, Prepared
+from rlgate.core.request import ChatRequest
+from rlgate.errors import ContextLengthExceeded, GatewayError, InvalidRequest
 from rlgate.trajectory.interaction import Session
 
 log = logging.getLogger("rlgate.api.responses")
@@ -121,8 +121,7 @@ def convert_input(items: list[Any], history: list[Message] | None = None,
                 messages.append(Message(role="assistant", content=parts, reasoning=reasoning or None))
                 open_turn = True
             else:
-                role = "user" if item.role == "user" else "system"
-                messages.append(Message(role=role, content=parts))
+                messages.append(Message(role="user" if item.role == "user" else "system", content=parts))
                 open_turn = False
             reasoning = None  # reasoning not followed by an assistant turn is dropped
         elif isinstance(item, (FunctionCallItem, CustomToolCallItem, LocalShellCallItem)):
@@ -381,7 +380,7 @@ class ItemIds:
 
 
 def output_items(
-    reasoning: str, content: str, calls: list[ToolCall] | list[ToolCallDelta], finish_reason: str, ids: ItemIds,
+    reasoning: str, content: str, calls: Sequence[ToolCall | ToolCallDelta], finish_reason: str, ids: ItemIds,
     tools: ResponseTools,
 ) -> list[dict[str, Any]]:
     cut = finish_reason in ("length", "abort")
