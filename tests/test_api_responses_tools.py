@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import key_headers, start_session
 from openai.types.responses import Response
-from test_api_responses import STREAM_EVENT, check_stream, create, export, parse_sse
 
+from helpers import key_headers, start_session
 from rlgate.engine.fake import FakeEngine
+from test_api_responses import STREAM_EVENT, check_stream, create, export, parse_sse
 
 NAMESPACE = {"type": "namespace", "name": "agents", "description": "Sub-agents.", "tools": [
     {"type": "function", "name": "spawn", "description": "Start a sub-agent.", "strict": False,

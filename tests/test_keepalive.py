@@ -7,11 +7,11 @@ import asyncio
 import json
 
 import pytest
-from helpers import key_headers, start_session
-from test_api_responses import check_stream, parse_sse
 
+from helpers import key_headers, start_session
 from rlgate.api.keepalive import KEEPALIVE, with_keepalive
 from rlgate.engine.fake import FakeEngine
+from test_api_responses import check_stream, parse_sse
 
 PREFILL = 0.6  # seconds before the first token
 INTERVAL = 0.05  # keep-alive interval; several fit in the prefill even on a loaded machine

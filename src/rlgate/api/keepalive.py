@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Final, TypeVar
 
 T = TypeVar("T")
@@ -41,7 +41,7 @@ KEEPALIVE: Final = KeepAlive()
 _END: Final = object()
 
 
-async def with_keepalive(source: AsyncIterator[T], interval: float | None) -> AsyncIterator[T | KeepAlive]:
+async def with_keepalive(source: AsyncIterator[T], interval: float | None) -> AsyncGenerator[T | KeepAlive]:
     """``source``'s items, with :data:`KEEPALIVE` after each ``interval`` seconds of silence.
 
     ``interval`` None or <= 0: the source is passed through unchanged. An exception raised by

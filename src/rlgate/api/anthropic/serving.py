@@ -53,7 +53,7 @@ from rlgate.api.anthropic.protocol import (
     ToolUseBlockParam,
 )
 from rlgate.api.common import extra_fields, sse, tool_spec
-from rlgate.api.keepalive import KEEPALIVE, with_keepalive
+from rlgate.api.keepalive import KeepAlive, with_keepalive
 from rlgate.chat.conversation import ContentPart, ImagePart, Message, TextPart, ToolCall, ToolSpec
 from rlgate.chat.output import ContentDelta, OutputEvent, ReasoningDelta, ToolCallDelta
 from rlgate.core.generation import Finished, GenerationService, Prepared
@@ -360,7 +360,7 @@ async def stream_events(service: GenerationService, prepared: Prepared, model: s
     builder = BlockBuilder()
     try:
         async for ev in with_keepalive(service.run(prepared), service.config.stream_keepalive_interval):
-            if ev is KEEPALIVE:
+            if isinstance(ev, KeepAlive):
                 yield sse({"type": "ping"}, event="ping")
             elif isinstance(ev, Finished):
                 for name, data in builder.close():

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rlgate.api.common import extra_fields, sse, tool_spec
-from rlgate.api.keepalive import KEEPALIVE, with_keepalive
+from rlgate.api.keepalive import KeepAlive, with_keepalive
 from rlgate.api.openai_chat.protocol import IGNORED_PARAMS, ChatCompletionRequest, ChatMessageParam
 from rlgate.chat.conversation import ContentPart, ImagePart, Message, TextPart, ToolCall
 from rlgate.chat.output import ContentDelta, ReasoningDelta, ToolCallDelta
@@ -142,7 +142,7 @@ async def stream_chunks(
     yield chunk({"role": "assistant", "content": ""})
     try:
         async for ev in with_keepalive(service.run(prepared), service.config.stream_keepalive_interval):
-            if ev is KEEPALIVE:
+            if isinstance(ev, KeepAlive):
                 yield b": keepalive\n\n"  # an SSE comment: keeps the connection alive, ignored by parsers
             elif isinstance(ev, ContentDelta):
                 yield chunk({"content": ev.text})

@@ -7,10 +7,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from rlgate.api.auth import session_from_request
 from rlgate.api.common import parse_model, read_json, report_ignored
-from rlgate.errors import ContextLengthExceeded
 from rlgate.api.openai_responses import serving
 from rlgate.api.openai_responses.protocol import ResponseCreateRequest
 from rlgate.api.openapi import body_schema
+from rlgate.errors import ContextLengthExceeded
 
 router = APIRouter()
 BODY_MODELS = [ResponseCreateRequest]  # documented in the OpenAPI schema

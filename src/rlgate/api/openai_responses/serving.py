@@ -32,8 +32,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgate.api.common import extra_fields, sse, tool_spec
-from rlgate.api.keepalive import KEEPALIVE, with_keepalive
+from rlgate.api.common import extra_fields, sse
+from rlgate.api.keepalive import KeepAlive, with_keepalive
 from rlgate.api.openai_chat.serving import parse_image_url
 from rlgate.api.openai_responses.protocol import (
     IGNORED_PARAMS,
@@ -42,9 +42,9 @@ from rlgate.api.openai_responses.protocol import (
     CustomToolCallOutputItem,
     FunctionCallItem,
     FunctionCallOutputItem,
+    InputImagePart,
     LocalShellCallItem,
     LocalShellCallOutputItem,
-    InputImagePart,
     MessageItem,
     ReasoningItem,
     RefusalPart,
@@ -474,7 +474,7 @@ async def stream_events(service: GenerationService, prepared: Prepared, ctx: Res
         async with contextlib.aclosing(with_keepalive(service.run(prepared),
                                                       service.config.stream_keepalive_interval)) as run:
             async for ev in run:
-                if ev is KEEPALIVE:  # the Responses API has no ping event: repeat the lifecycle event
+                if isinstance(ev, KeepAlive):  # the Responses API has no ping event: repeat the lifecycle event
                     yield event("response.in_progress", response=start)
                 elif isinstance(ev, ReasoningDelta):
                     reasoning_text += ev.text

@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlgate.api.common import tool_spec
-from rlgate.errors import InvalidRequest
 from rlgate.api.openai_responses.protocol import (
     CustomToolParam,
     FunctionToolParam,
@@ -44,6 +43,7 @@ from rlgate.api.openai_responses.protocol import (
     OtherToolParam,
 )
 from rlgate.chat.conversation import ToolCall, ToolSpec
+from rlgate.errors import InvalidRequest
 
 ToolKind = Literal["function", "custom", "local_shell"]
 
