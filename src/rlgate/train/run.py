@@ -56,7 +56,8 @@ class GatewaySettings(BaseModel):
     tool_parser: str | None = "hermes"  # in-process gateway settings
     reasoning_parser: str | None = None
     trajectory_mode: Literal["token_exact", "rerender"] = "token_exact"
-    context_length: int | None = None
+    context_length: int | None = None  # None: the model's; raise it to serve long agent prompts (RoPE)
+    max_tokens_cap: int | None = None  # hard cap on generated tokens per call (agents ask for 32k+)
     device: str | None = None
 
 
@@ -202,11 +203,12 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
 
         admin_key = secrets.token_urlsafe(32)
         tokenizer = load_tokenizer(cfg.model)
-        engine = LocalEngine(weights, device=cfg.gateway.device)
+        engine = LocalEngine(weights, device=cfg.gateway.device, max_context_length=cfg.gateway.context_length)
         app = create_app(
             GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
                           reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
-                          context_length=cfg.gateway.context_length, model_name=Path(cfg.model).name),
+                          context_length=cfg.gateway.context_length, max_tokens_cap=cfg.gateway.max_tokens_cap,
+                          model_name=Path(cfg.model).name),
             engine, MemoryStore(), tokenizer, stop_token_ids=stop_token_ids(tokenizer, cfg.model))
         server = ServerThread(app)
         client = GatewayClient(server.start(), admin_key)
