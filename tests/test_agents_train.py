@@ -65,12 +65,14 @@ async def test_cli_agent_time_limit_kills_and_scores(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["claude_code", "codex"])
 def test_rlgate_train_runs_cli_agents_for_a_few_grpo_steps(kind, tiny_model_dir, tmp_path):
+    from helpers import brief_tiny_model
     from rlgate.agents.npm import CLAUDE_CODE, CODEX, CLINotFound, ensure_cli
 
     try:
         ensure_cli(CLAUDE_CODE if kind == "claude_code" else CODEX)
     except (CLINotFound, OSError) as exc:
         pytest.skip(f"agent CLI unavailable (npm missing or registry unreachable): {exc}")
+    model = brief_tiny_model(tiny_model_dir, tmp_path / "model")  # ends replies early (see helpers)
     data = tmp_path / "bugfix.jsonl"
     data.write_text("".join(json.dumps(t) + "\n" for t in make_tasks(4)))
     if kind == "claude_code":
@@ -84,11 +86,11 @@ def test_rlgate_train_runs_cli_agents_for_a_few_grpo_steps(kind, tiny_model_dir,
     agent["agent_kwargs"].update(setup="rlgate.agents.bugfix:setup", verifier="rlgate.agents.bugfix:verify",
                                  time_limit=600)
     cfg = {
-        "model": str(tiny_model_dir), "out_dir": str(tmp_path / "run"), "dataset": str(data), **agent,
+        "model": str(model), "out_dir": str(tmp_path / "run"), "dataset": str(data), **agent,
         "steps": 2, "checkpoint_every": 1,
         "grpo": {"lr": 1e-4, "groups_per_step": 1, "micro_batch_size": 2, "device": "cpu"},
         "rollout": {"group_size": 2, "concurrency": 2, "episode_timeout": 900},
-        "gateway": {"context_length": 16384, "max_tokens_cap": 16},
+        "gateway": {"context_length": 16384, "max_tokens_cap": 256},  # a cut reply only costs the episode
     }
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import admin_headers, start_session
 
+from helpers import admin_headers, brief_tiny_model, start_session
 from rlgate.agents import ClaudeCodeAgent, CodexAgent
 from rlgate.agents.npm import CLAUDE_CODE, CODEX, CLINotFound, ensure_cli
 from rlgate.engine.fake import FakeEngine, ToolRoundScript
@@ -37,6 +37,13 @@ def clis():
         return {p: ensure_cli(p) for p in (CLAUDE_CODE, CODEX)}
     except (CLINotFound, OSError) as exc:
         pytest.skip(f"agent CLIs unavailable (npm missing or registry unreachable): {exc}")
+
+
+@pytest.fixture(scope="session")
+def brief_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model, ending its replies after a few tokens (Claude Code treats a reply cut at
+    max_tokens as an error, so a cap on generation would fail the run)."""
+    return brief_tiny_model(tiny_model_dir, tmp_path_factory.mktemp("brief") / "model")
 
 
 def _setup(workdir: Path, data: dict) -> None:
@@ -127,7 +134,7 @@ async def test_claude_code_defaults_complete_a_tool_round(clis, make_app, tokeni
     app = make_app(FakeEngine(tokenizer, script=script, max_context_length=400_000))
     agent = ClaudeCodeAgent(verifier=_one, setup=_setup, permission_mode=None, time_limit=600)  # defaults only
     exp, transcript = await _episode(app, agent)
-    assert transcript.returncode == 0, transcript.stderr[-2000:]
+    assert transcript.returncode == 0, (transcript.stdout[-3000:], transcript.stderr[-2000:])
     events = _assert_claude_code_export_matches(exp, transcript)
     # the tool round: the call went out, Claude Code ran it and sent its result back
     assert [c["name"] for c in script.calls] == ["Bash"]
@@ -145,7 +152,7 @@ async def test_codex_defaults_complete_a_tool_round(clis, make_app, tokenizer):
     app = make_app(FakeEngine(tokenizer, script=script, max_context_length=400_000))
     agent = CodexAgent(verifier=_one, setup=_setup, sandbox="read-only", time_limit=600)
     exp, transcript = await _episode(app, agent)
-    assert transcript.returncode == 0, transcript.stderr[-2000:]
+    assert transcript.returncode == 0, (transcript.stdout[-3000:], transcript.stderr[-2000:])
     events = _assert_codex_export_matches(exp, transcript)
     commands = [e["item"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == "command_execution"]
     assert len(commands) == 1 and commands[0]["exit_code"] == 0 and "notes.txt" in commands[0]["aggregated_output"]
@@ -162,11 +169,11 @@ async def test_codex_defaults_complete_a_tool_round(clis, make_app, tokenizer):
 
 
 @pytest.mark.parametrize("kind", ["claude_code", "codex"])
-async def test_tiny_model_serves_the_real_clis(clis, make_app, tiny_model_dir, kind, tmp_path):
+async def test_tiny_model_serves_the_real_clis(clis, make_app, brief_model_dir, kind, tmp_path):
     from rlgate.engine.local import LocalEngine
 
-    engine = LocalEngine(tiny_model_dir, device="cpu", max_context_length=16_384)
-    app = make_app(engine, max_tokens_cap=24)
+    engine = LocalEngine(brief_model_dir, device="cpu", max_context_length=16_384)  # 8x its trained length
+    app = make_app(engine)
     if kind == "claude_code":
         agent = ClaudeCodeAgent(verifier=_one, setup=_setup, time_limit=900,
                                 extra_args=["--system-prompt", SHORT_PROMPT, "--tools", "Bash"])
@@ -176,7 +183,7 @@ async def test_tiny_model_serves_the_real_clis(clis, make_app, tiny_model_dir, k
             f"model_instructions_file={tmp_path / 'instructions.md'}", "web_search=disabled",
             "features.multi_agent=false", "include_environment_context=false"])
     exp, transcript = await _episode(app, agent)
-    assert transcript.returncode == 0, transcript.stderr[-2000:]
+    assert transcript.returncode == 0, (transcript.stdout[-3000:], transcript.stderr[-2000:])
     if kind == "claude_code":
         _assert_claude_code_export_matches(exp, transcript)
     else:

@@ -41,8 +41,8 @@ def make_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
                 f"    def test_{name}(self):\n" + "".join(f"        self.assertTrue({c})\n" for c in checks)
                 + "\n\nif __name__ == '__main__':\n    unittest.main()\n")
         tasks.append({
-            "prompt": f"The tests in test_calc.py fail. Fix the bug in calc.py so that "
-                      f"`python -m unittest` passes. Do not change test_calc.py.",
+            "prompt": "The tests in test_calc.py fail. Fix the bug in calc.py so that "
+                      "`python -m unittest` passes. Do not change test_calc.py.",
             "files": {"calc.py": module, "test_calc.py": test},
             "task_id": f"bugfix-{name}-{i}",
         })
