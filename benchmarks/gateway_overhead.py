@@ -187,14 +187,14 @@ def backend_request(kind: str, prompt_ids: list[int], max_tokens: int, stop_ids:
 
     req = GenerateRequest(prompt_ids, SamplingParams(max_new_tokens=max_tokens, stop_token_ids=tuple(stop_ids)))
     if kind == "sglang":
-        from rlgate.engine.sglang import SGLangEngine
+        from rlgate.engine.remote.sglang import SGLangEngine
 
         engine = SGLangEngine(["http://unused:1"])
     else:
-        from rlgate.engine.vllm import VLLMEngine
+        from rlgate.engine.remote.vllm import VLLMEngine
 
         engine = VLLMEngine(["http://unused:1"])
-    return engine.generate_path, engine._payload(Backend("http://unused:1", 0), req)
+    return engine.generate_path, engine.payload(Backend("http://unused:1", 0), req)
 
 
 async def load_sharded(url: str, conc: int, n_requests: int, send) -> tuple[float, list[float], int]:

@@ -36,10 +36,10 @@ def fake_app(kind: str, engine: Any, tokenizer: Any, model_dir: Path | str, **kw
 def remote_engine(kind: str, urls: list[str], **kw: Any) -> Any:
     kw.setdefault("health_interval", 0)
     if kind == "sglang":
-        from rlgate.engine.sglang import SGLangEngine
+        from rlgate.engine.remote.sglang import SGLangEngine
 
         return SGLangEngine(urls, **kw)
-    from rlgate.engine.vllm import VLLMEngine
+    from rlgate.engine.remote.vllm import VLLMEngine
 
     return VLLMEngine(urls, **kw)
 

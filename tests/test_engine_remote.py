@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from rlgate.engine.base import EngineError, GenerateRequest, SamplingParams, WeightUpdateError, collect
-from rlgate.engine.sglang import SGLangEngine
-from rlgate.engine.vllm import VLLMEngine
+from rlgate.engine.remote.sglang import SGLangEngine
+from rlgate.engine.remote.vllm import VLLMEngine
 
 PROMPT = [5, 6, 7]
 STOP = 2
@@ -408,7 +408,7 @@ async def test_interrupted_update_and_failed_rollback_quarantine():
 async def test_backend_down_during_update_is_resynced_before_it_rejoins():
     fleet = Fleet()
     engine = fleet.engine()
-    await engine._ensure_ready()
+    await engine.ensure_ready()
     engine.backends[1].set_state("down", "test")
     assert await engine.update_weights_from_path("/ckpt/v1") == 1
     assert fleet.paths("b1", "/update_weights_from_disk") == []
@@ -421,7 +421,7 @@ async def test_backend_down_during_update_is_resynced_before_it_rejoins():
 async def test_no_backend_available_for_update_is_503():
     fleet = Fleet(1)
     engine = fleet.engine()
-    await engine._ensure_ready()
+    await engine.ensure_ready()
     engine.backends[0].set_state("down", "test")
     with pytest.raises(WeightUpdateError) as err:
         await engine.update_weights_from_path("/ckpt/v1")

@@ -41,10 +41,16 @@ class TwoTurnAgent:
 
 
 class FlakyAgent:
-    """Raises for index 1, hangs for index 2, otherwise behaves."""
+    """Raises for index 1, hangs for index 2, otherwise behaves.
 
-    def __init__(self):
+    The agents that behave share one SDK client (``with_options`` per session key): building
+    an ``AsyncOpenAI`` per episode takes seconds on a loaded machine, which would eat the
+    episode timeout this test gives only to the hanging agents.
+    """
+
+    def __init__(self, oai):
         self.calls = 0
+        self.oai = oai
 
     async def run(self, data, *, base_url, api_key, http_client=None):
         self.calls += 1
@@ -52,8 +58,10 @@ class FlakyAgent:
         if n % 4 == 2:
             raise RuntimeError("tool crashed")
         if n % 4 == 3:
-            await asyncio.sleep(60)
-        return await ChatAgent().run(data, base_url=base_url, api_key=api_key)
+            await asyncio.Event().wait()  # hangs until the runner cancels it
+        r = await self.oai.with_options(api_key=api_key).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": data["q"]}], max_tokens=8)
+        return 1.0 if data["a"] in (r.choices[0].message.content or "") else 0.0
 
 
 def test_check_result():
@@ -94,8 +102,12 @@ async def test_dict_rewards_per_interaction(make_app, tokenizer):
 async def test_failing_and_hanging_agents_lose_only_their_episode(make_app, tokenizer):
     with ServerThread(make_app(FakeEngine(tokenizer, script=lambda r: "7"))) as url:
         async with GatewayClient(url, ADMIN_KEY) as client:
-            runner = RolloutRunner(client, FlakyAgent(), group_size=4, concurrency=8, episode_timeout=1.0)
-            groups = [g async for g in runner.groups([("a", {"q": "?", "a": "7"}), ("b", {"q": "?", "a": "7"})])]
+            from openai import AsyncOpenAI
+
+            async with AsyncOpenAI(base_url=client.base_url, api_key="none", max_retries=0) as oai:
+                runner = RolloutRunner(client, FlakyAgent(oai), group_size=4, concurrency=8, episode_timeout=5.0)
+                groups = [g async for g in runner.groups([("a", {"q": "?", "a": "7"}),
+                                                          ("b", {"q": "?", "a": "7"})])]
             metrics = await client.metrics()
     assert runner.counters.failed == 4 and runner.counters.timed_out == 2 and runner.counters.completed == 4
     for g in groups:

@@ -438,7 +438,7 @@ async def test_no_response_reports_a_change_before_it_is_durable(make_app, asgi_
             db.close()
 
     def durable() -> bool:
-        return sync == "normal" or store._durable >= store._committed  # fsynced, not only written
+        return sync == "normal" or store.synced  # fsynced, not only written
 
     class Probe:
         def __init__(self, inner):

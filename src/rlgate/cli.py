@@ -58,7 +58,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fake-token-delay", type=float, default=0.0, help="--engine fake: seconds between tokens")
     p.add_argument("--device", default=None, help="--engine local: torch device (default cuda if available)")
     p.add_argument("--max-batch-size", type=int, default=64, help="--engine local: concurrent sequences")
-    from rlgate.engine.remote_config import add_remote_args
+    from rlgate.engine.remote.options import add_remote_args
 
     add_remote_args(p)
     p.add_argument("--store", default=os.environ.get("RLGATE_STORE"),
@@ -145,7 +145,7 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         engine = FakeEngine(tokenizer, output_tokens=args.fake_output_tokens, token_delay=args.fake_token_delay,
                             max_context_length=args.context_length or context_length(args.model) or 32768)
     elif args.engine in ("sglang", "vllm"):  # only the tokenizer is loaded in this process
-        from rlgate.engine.remote_config import remote_engine_from_args
+        from rlgate.engine.remote.options import remote_engine_from_args
 
         engine = remote_engine_from_args(args, fallback_context=args.context_length or context_length(args.model))
     else:

@@ -23,8 +23,8 @@ from rlgate.engine.base import (
 
 if TYPE_CHECKING:
     from rlgate.engine.local import LocalEngine
-    from rlgate.engine.sglang import SGLangEngine
-    from rlgate.engine.vllm import VLLMEngine
+    from rlgate.engine.remote.sglang import SGLangEngine
+    from rlgate.engine.remote.vllm import VLLMEngine
 
 
 def __getattr__(name: str) -> Any:
@@ -33,11 +33,11 @@ def __getattr__(name: str) -> Any:
 
         return LocalEngine
     if name == "SGLangEngine":
-        from rlgate.engine.sglang import SGLangEngine
+        from rlgate.engine.remote.sglang import SGLangEngine
 
         return SGLangEngine
     if name == "VLLMEngine":
-        from rlgate.engine.vllm import VLLMEngine
+        from rlgate.engine.remote.vllm import VLLMEngine
 
         return VLLMEngine
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

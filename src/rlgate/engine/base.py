@@ -19,7 +19,7 @@ sampled but is **not** renormalised into the reported logprob. So at
 log-softmax, which is what a trainer recomputes with a teacher-forced forward
 pass (divide the logits by the same temperature when T != 1).
 
-Remote engines (``engine/sglang.py``, ``engine/vllm.py``) record what their servers
+Remote engines (``engine/remote/sglang.py``, ``engine/remote/vllm.py``) record what their servers
 report. SGLang's default is exactly this distribution. vLLM's default
 (``--logprobs-mode raw_logprobs``) is ``log_softmax(logits)`` whatever the temperature,
 so it matches only at T = 1 (or greedy); ``processed_logprobs`` matches whenever top-k /

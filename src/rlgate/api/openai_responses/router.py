@@ -7,8 +7,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from rlgate.api.auth import session_from_request
 from rlgate.api.common import parse_model, read_json, report_ignored
-from rlgate.api.openai_responses import serving
+from rlgate.api.openai_responses import convert, objects, serving
 from rlgate.api.openai_responses.protocol import ResponseCreateRequest
+from rlgate.api.openai_responses.tools import response_tools
 from rlgate.api.openapi import body_schema
 from rlgate.errors import ContextLengthExceeded
 
@@ -22,10 +23,10 @@ async def create_response(request: Request):
     gw = request.app.state.gateway
     session = session_from_request(request)
     body = parse_model(ResponseCreateRequest, await read_json(request))
-    tools = serving.response_tools(body.tools)
-    chat = serving.to_chat_request(body, session, tools)
-    headers = report_ignored("responses", serving.ignored_params(body, tools))
-    ctx = serving.context(body, body.model or gw.config.model_name, tools)
+    tools = response_tools(body.tools)
+    chat = convert.to_chat_request(body, session, tools)
+    headers = report_ignored("responses", convert.ignored_params(body, tools))
+    ctx = objects.context(body, body.model or gw.config.model_name, tools)
     try:
         prepared = gw.generation.prepare(session, chat, api="responses", id_prefix=serving.ID_PREFIX,
                                          call_id=serving.new_call_id)

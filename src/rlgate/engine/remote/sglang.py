@@ -48,20 +48,10 @@ from typing import Any, Literal
 import httpx
 
 from rlgate.engine.base import FinishReason, GenerateRequest, WeightUpdateError
-from rlgate.engine.remote import (
-    PROBE_TIMEOUT,
-    Backend,
-    BackendRejected,
-    Chunk,
-    LoadRefused,
-    MalformedResponse,
-    RemoteEngine,
-    _error_text,
-    _StreamState,
-    as_float,
-    as_int_list,
-    error_message,
-)
+from rlgate.engine.remote.backend import Backend
+from rlgate.engine.remote.engine import PROBE_TIMEOUT, RemoteEngine
+from rlgate.engine.remote.errors import BackendRejected, LoadRefused, MalformedResponse, error_message, error_text
+from rlgate.engine.remote.wire import Chunk, StreamState, as_float, as_int_list
 
 log = logging.getLogger("rlgate.engine.sglang")
 
@@ -87,30 +77,30 @@ class SGLangEngine(RemoteEngine):
     async def _model_info(self, b: Backend) -> dict[str, Any]:
         """``/model_info`` (current) or ``/get_model_info`` (older servers, deprecated alias)."""
         try:
-            info = await self._get_json(b, "/model_info", timeout=PROBE_TIMEOUT)
+            info = await self.pool.get_json(b, "/model_info", timeout=PROBE_TIMEOUT)
         except BackendRejected as exc:
             if exc.status != 404:
                 raise
-            info = await self._get_json(b, "/get_model_info", timeout=PROBE_TIMEOUT)
+            info = await self.pool.get_json(b, "/get_model_info", timeout=PROBE_TIMEOUT)
         if not isinstance(info, dict):
             raise MalformedResponse(f"model info is not an object: {str(info)[:200]}")
         return info
 
-    async def _probe(self, b: Backend) -> None:
+    async def probe_backend(self, b: Backend) -> None:
         info = await self._model_info(b)
         b.model_path = b.model_path or info.get("model_path")  # what it was serving when first seen
         label = info.get("weight_version")
         b.label = None if label is None else str(label)
         if b.label is not None and not b.labels:
             b.labels[b.label] = 0  # whatever it was launched with is what the gateway calls version 0
-        models = await self._get_json(b, "/v1/models", timeout=PROBE_TIMEOUT)
+        models = await self.pool.get_json(b, "/v1/models", timeout=PROBE_TIMEOUT)
         data = models.get("data") if isinstance(models, dict) else None
         if isinstance(data, list) and data and isinstance(data[0], dict):
             mml = data[0].get("max_model_len")
             if isinstance(mml, int) and mml > 0:
                 b.max_model_len = mml
         try:
-            server = await self._get_json(b, "/server_info", timeout=PROBE_TIMEOUT)
+            server = await self.pool.get_json(b, "/server_info", timeout=PROBE_TIMEOUT)
         except (BackendRejected, MalformedResponse, httpx.HTTPError):
             server = None
         if isinstance(server, dict):
@@ -118,13 +108,13 @@ class SGLangEngine(RemoteEngine):
             if isinstance(flag, bool):
                 b.info["incremental"] = flag
 
-    async def _current_label(self, b: Backend) -> str | None:
+    async def current_label(self, b: Backend) -> str | None:
         label = (await self._model_info(b)).get("weight_version")
         return None if label is None else str(label)
 
     # ------------------------------------------------------------------ generation
 
-    def _payload(self, b: Backend, request: GenerateRequest) -> dict[str, Any]:
+    def payload(self, b: Backend, request: GenerateRequest) -> dict[str, Any]:
         s = request.sampling
         params: dict[str, Any] = {
             "max_new_tokens": s.max_new_tokens,
@@ -147,7 +137,7 @@ class SGLangEngine(RemoteEngine):
             body["rid"] = request.request_id
         return body
 
-    def _parse_event(self, st: _StreamState, obj: Any) -> Chunk | None:
+    def parse_event(self, st: StreamState, obj: Any) -> Chunk | None:
         if not isinstance(obj, dict):
             raise MalformedResponse(f"an event is not a JSON object: {str(obj)[:200]}")
         if "error" in obj:
@@ -176,7 +166,7 @@ class SGLangEngine(RemoteEngine):
         label = meta.get("weight_version")
         return Chunk(new_ids, logprobs, finish, None if label is None else str(label))
 
-    def _new_from(self, st: _StreamState, ids: list[int], done: Any) -> int:
+    def _new_from(self, st: StreamState, ids: list[int], done: Any) -> int:
         """Index in ``ids`` where this event's new tokens start (cumulative vs incremental events)."""
         seen = len(st.ids)
         if seen == 0:
@@ -199,36 +189,36 @@ class SGLangEngine(RemoteEngine):
 
     # ------------------------------------------------------------------ weights
 
-    async def _pause(self, b: Backend) -> bool:
-        r = await self._call(b, "POST", "/pause_generation", json_body={"mode": self.pause_mode},
+    async def pause_backend(self, b: Backend) -> bool:
+        r = await self.pool.call(b, "POST", "/pause_generation", json_body={"mode": self.pause_mode},
                              timeout=self.update_timeout)
         if r.status_code == 404:
             log.warning("backend %s has no /pause_generation; updating its weights without a pause", b.url)
             return False
         if r.status_code != 200:
-            raise BackendRejected(f"/pause_generation -> HTTP {r.status_code}: {_error_text(r)}", r.status_code)
+            raise BackendRejected(f"/pause_generation -> HTTP {r.status_code}: {error_text(r)}", r.status_code)
         return True
 
-    async def _resume(self, b: Backend) -> None:
-        r = await self._call(b, "POST", "/continue_generation", json_body={}, timeout=self.update_timeout)
+    async def resume_backend(self, b: Backend) -> None:
+        r = await self.pool.call(b, "POST", "/continue_generation", json_body={}, timeout=self.update_timeout)
         if r.status_code not in (200, 404):
-            raise BackendRejected(f"/continue_generation -> HTTP {r.status_code}: {_error_text(r)}", r.status_code)
+            raise BackendRejected(f"/continue_generation -> HTTP {r.status_code}: {error_text(r)}", r.status_code)
 
-    async def _load(self, b: Backend, path: str, label: str) -> None:
-        r = await self._call(b, "POST", "/update_weights_from_disk",
+    async def load_weights(self, b: Backend, path: str, label: str) -> None:
+        r = await self.pool.call(b, "POST", "/update_weights_from_disk",
                              json_body={"model_path": path, "weight_version": label}, timeout=self.update_timeout)
         try:
             body = r.json()
         except ValueError:
             body = None
         success = body.get("success") if isinstance(body, dict) else None
-        message = (body.get("message") if isinstance(body, dict) else None) or _error_text(r)
+        message = (body.get("message") if isinstance(body, dict) else None) or error_text(r)
         if success is False:  # SGLang keeps (or restores) its previous weights
             raise LoadRefused(f"{b.url} refused {path}: {message}")
         if r.status_code != 200 or success is not True:
             raise WeightUpdateError(f"{b.url}: /update_weights_from_disk -> HTTP {r.status_code}: {message}",
                                     status=502)
-        now = await self._current_label(b)
+        now = await self.current_label(b)
         if now != label:
             raise WeightUpdateError(f"{b.url} loaded {path} but reports weight_version {now!r}, not {label!r}",
                                     status=502)
@@ -241,8 +231,10 @@ def _finish(value: Any) -> FinishReason | None:
     if not isinstance(value, dict):
         raise MalformedResponse(f"finish_reason is not an object: {value!r}")
     kind = value.get("type")
-    if kind in ("stop", "length"):
-        return kind
+    if kind == "stop":
+        return "stop"
+    if kind == "length":
+        return "length"
     if kind == "abort":
         status = value.get("status_code")
         raise BackendRejected(f"the backend aborted the request: {value.get('message') or 'no reason given'}",

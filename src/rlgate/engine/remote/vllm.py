@@ -43,20 +43,10 @@ from typing import Any, Literal
 import httpx
 
 from rlgate.engine.base import FinishReason, GenerateRequest, WeightUpdateError
-from rlgate.engine.remote import (
-    PROBE_TIMEOUT,
-    Backend,
-    BackendRejected,
-    Chunk,
-    LoadRefused,
-    MalformedResponse,
-    RemoteEngine,
-    _error_text,
-    _StreamState,
-    as_float,
-    as_int_list,
-    error_message,
-)
+from rlgate.engine.remote.backend import Backend
+from rlgate.engine.remote.engine import PROBE_TIMEOUT, RemoteEngine
+from rlgate.engine.remote.errors import BackendRejected, LoadRefused, MalformedResponse, error_message, error_text
+from rlgate.engine.remote.wire import Chunk, StreamState, as_float, as_int_list
 
 log = logging.getLogger("rlgate.engine.vllm")
 
@@ -83,8 +73,8 @@ class VLLMEngine(RemoteEngine):
 
     # ------------------------------------------------------------------ info
 
-    async def _probe(self, b: Backend) -> None:
-        models = await self._get_json(b, "/v1/models", timeout=PROBE_TIMEOUT)
+    async def probe_backend(self, b: Backend) -> None:
+        models = await self.pool.get_json(b, "/v1/models", timeout=PROBE_TIMEOUT)
         data = models.get("data") if isinstance(models, dict) else None
         if not isinstance(data, list) or not data or not isinstance(data[0], dict):
             raise MalformedResponse(f"/v1/models lists no model: {str(models)[:200]}")
@@ -101,7 +91,7 @@ class VLLMEngine(RemoteEngine):
     async def _detect_logprobs_mode(self, b: Backend) -> None:
         """Dev-mode servers expose their config; trust the server's logprobs mode over ours."""
         try:
-            r = await self._call(b, "GET", "/server_info", params={"config_format": "json"}, timeout=PROBE_TIMEOUT)
+            r = await self.pool.call(b, "GET", "/server_info", params={"config_format": "json"}, timeout=PROBE_TIMEOUT)
             cfg = r.json().get("vllm_config") if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError, AttributeError):
             return
@@ -113,12 +103,12 @@ class VLLMEngine(RemoteEngine):
                 return
             log.warning("backend %s runs --logprobs-mode %s (configured: %s); using the server's",
                         b.url, mode, self.vllm_logprobs_mode)
-            self.vllm_logprobs_mode = mode  # type: ignore[assignment]
+            self.vllm_logprobs_mode = "raw_logprobs" if mode == "raw_logprobs" else "processed_logprobs"
             self.logprobs_mode = _MODES[mode]
 
     # ------------------------------------------------------------------ generation
 
-    def _payload(self, b: Backend, request: GenerateRequest) -> dict[str, Any]:
+    def payload(self, b: Backend, request: GenerateRequest) -> dict[str, Any]:
         s = request.sampling
         body: dict[str, Any] = {
             "prompt": list(request.input_ids),
@@ -141,7 +131,7 @@ class VLLMEngine(RemoteEngine):
             body["seed"] = s.seed % (2**63)
         return body
 
-    def _parse_event(self, st: _StreamState, obj: Any) -> Chunk | None:
+    def parse_event(self, st: StreamState, obj: Any) -> Chunk | None:
         if not isinstance(obj, dict):
             raise MalformedResponse(f"an event is not a JSON object: {str(obj)[:200]}")
         if "error" in obj or obj.get("object") == "error":  # an error after the stream started: a backend failure
@@ -185,41 +175,41 @@ class VLLMEngine(RemoteEngine):
 
     # ------------------------------------------------------------------ weights
 
-    async def _pause(self, b: Backend) -> bool:
-        r = await self._call(b, "POST", "/pause", params={"mode": self.pause_mode}, timeout=self.update_timeout)
+    async def pause_backend(self, b: Backend) -> bool:
+        r = await self.pool.call(b, "POST", "/pause", params={"mode": self.pause_mode}, timeout=self.update_timeout)
         if r.status_code == 404:
             log.warning("backend %s has no /pause (dev mode off or an older vLLM); updating without a pause", b.url)
             return False
         if r.status_code != 200:
-            raise BackendRejected(f"/pause -> HTTP {r.status_code}: {_error_text(r)}", r.status_code)
+            raise BackendRejected(f"/pause -> HTTP {r.status_code}: {error_text(r)}", r.status_code)
         return True
 
-    async def _resume(self, b: Backend) -> None:
-        r = await self._call(b, "POST", "/resume", timeout=self.update_timeout)
+    async def resume_backend(self, b: Backend) -> None:
+        r = await self.pool.call(b, "POST", "/resume", timeout=self.update_timeout)
         if r.status_code not in (200, 404):
-            raise BackendRejected(f"/resume -> HTTP {r.status_code}: {_error_text(r)}", r.status_code)
+            raise BackendRejected(f"/resume -> HTTP {r.status_code}: {error_text(r)}", r.status_code)
 
     async def _rpc(self, b: Backend, method: str, args: list[Any] | None = None) -> httpx.Response:
         body: dict[str, Any] = {"method": method, "timeout": self.update_timeout}
         if args:
             body["args"] = args
-        return await self._call(b, "POST", "/collective_rpc", json_body=body, timeout=self.update_timeout + 30)
+        return await self.pool.call(b, "POST", "/collective_rpc", json_body=body, timeout=self.update_timeout + 30)
 
-    async def _load(self, b: Backend, path: str, label: str) -> None:
+    async def load_weights(self, b: Backend, path: str, label: str) -> None:
         r = await self._rpc(b, "update_config", [{"model_config": {"model": path}}])
         if r.status_code == 404:
             raise LoadRefused(f"{b.url} has no /collective_rpc: start vLLM with VLLM_SERVER_DEV_MODE=1 to let "
                               "rlgate reload weights")
         if r.status_code != 200:
             raise LoadRefused(f"{b.url} refused the new checkpoint path {path}: HTTP {r.status_code}: "
-                              f"{_error_text(r)}")
+                              f"{error_text(r)}")
         r = await self._rpc(b, "reload_weights")
         if r.status_code != 200:
             raise WeightUpdateError(f"{b.url}: reload_weights from {path} failed: HTTP {r.status_code}: "
-                                    f"{_error_text(r)}", status=502)
-        r = await self._call(b, "POST", "/reset_prefix_cache", timeout=self.update_timeout)
+                                    f"{error_text(r)}", status=502)
+        r = await self.pool.call(b, "POST", "/reset_prefix_cache", timeout=self.update_timeout)
         if r.status_code not in (200, 404):
-            raise WeightUpdateError(f"{b.url}: /reset_prefix_cache -> HTTP {r.status_code}: {_error_text(r)}",
+            raise WeightUpdateError(f"{b.url}: /reset_prefix_cache -> HTTP {r.status_code}: {error_text(r)}",
                                     status=502)
         b.info["checkpoint"] = path
 
@@ -227,8 +217,10 @@ class VLLMEngine(RemoteEngine):
 def _finish(value: Any) -> FinishReason | None:
     if value is None:
         return None
-    if value in ("stop", "length"):
-        return value
+    if value == "stop":
+        return "stop"
+    if value == "length":
+        return "length"
     if value == "abort":
         raise BackendRejected("the backend aborted the request", 503)
     raise MalformedResponse(f"unknown finish_reason {value!r}")

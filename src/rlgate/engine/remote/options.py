@@ -51,12 +51,12 @@ def remote_engine_from_args(args: argparse.Namespace, *, fallback_context: int |
         "strict_logprobs": args.strict_logprobs,
     }
     if args.engine == "sglang":
-        from rlgate.engine.sglang import SGLangEngine
+        from rlgate.engine.remote.sglang import SGLangEngine
 
         return SGLangEngine(args.backend_url, pause_mode=args.sglang_pause_mode,
                             return_original_logprob=args.sglang_return_original_logprob, **common)
     if args.engine == "vllm":
-        from rlgate.engine.vllm import VLLMEngine
+        from rlgate.engine.remote.vllm import VLLMEngine
 
         return VLLMEngine(args.backend_url, logprobs_mode=args.vllm_logprobs_mode, pause_mode=args.vllm_pause_mode,
                           **common)

@@ -1,0 +1,400 @@
+"""In-process engine: a Hugging Face causal LM served with continuous batching.
+
+Threads
+-------
+One daemon worker thread owns the generation loop. The asyncio side only validates a
+request, puts it on a pending list and awaits its own ``asyncio.Queue``; the worker sends
+each :class:`TokenDelta` back with ``loop.call_soon_threadsafe``, so the event loop is
+never blocked by a forward pass. Weight updates are commands run by the worker *between*
+decoding steps (reading checkpoint files happens before, off both threads' critical path).
+
+Batching
+--------
+All running requests share one left-padded KV cache (:mod:`.cache`). Alongside the cache
+the batch keeps a 2-D attention mask ``[B, S]`` (0 on padding) and, per row, the number of
+real tokens seen so far, which is passed explicitly as ``position_ids``. A decoding step
+feeds one token per row, so every row advances by exactly one column.
+
+* **Joining.** Requests that arrive while a batch is decoding are prefilled together (left
+  padded to the longest newcomer) before the next step, then merged into the running batch.
+* **Leaving.** Finished and aborted rows are dropped with an index select; sequence
+  columns that became padding in every remaining row are trimmed from the left.
+
+Sampling (:mod:`.sampling`) draws each row's token from its own seeded generator, so a
+seeded request produces the same tokens whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import random
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlgate.engine.base import (
+    EngineError,
+    FinishReason,
+    GenerateRequest,
+    StreamingEngineMixin,
+    TokenDelta,
+    WeightUpdateError,
+)
+from rlgate.engine.local.batch import Batch, Command, RequestState, coalesce
+from rlgate.engine.local.cache import PaddedCache, attention_layer_count
+from rlgate.engine.local.sampling import sample_tokens
+from rlgate.engine.local.weights import load_safetensors_dir, match_state_dict
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+__all__ = ["LocalEngine"]
+
+log = logging.getLogger("rlgate.engine.local")
+
+# Most padded tokens (rows x longest prompt) prefilled in one forward pass; at least one
+# request is always admitted, however long its prompt.
+PREFILL_TOKEN_BUDGET = 16384
+
+
+class LocalEngine(StreamingEngineMixin):
+    """Serve a Hugging Face causal LM in this process with continuous batching."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str] | None = None,
+        *,
+        model: PreTrainedModel | None = None,
+        device: str | None = None,
+        dtype: torch.dtype | None = None,
+        max_batch_size: int = 64,
+        max_context_length: int | None = None,
+    ) -> None:
+        if (model_path is None) == (model is None):
+            raise ValueError("pass exactly one of model_path or model")
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        if model is None:
+            target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            assert model_path is not None
+            load_dtype: torch.dtype | str = dtype or (torch.float32 if target.type == "cpu" else "auto")
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype)
+            torch.nn.Module.to(model, target)  # transformers types its own `to` oddly
+        else:
+            # A shared (colocated) model stays where the trainer put it unless told otherwise.
+            moves: dict[str, Any] = {"device": device, "dtype": dtype}
+            moves = {k: v for k, v in moves.items() if v is not None}
+            if moves:
+                model.to(**moves)
+        assert model is not None
+        model.eval()
+        self._model = model
+        self._device = next(model.parameters()).device
+        self._num_layers = attention_layer_count(model)
+        self._vocab_size = int(cast(torch.Tensor, model.get_input_embeddings().weight).shape[0])
+        self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        if max_context_length is None:
+            text_config = model.config.get_text_config()
+            max_context_length = getattr(text_config, "max_position_embeddings", None)
+            if max_context_length is None:
+                raise ValueError("the model config has no max_position_embeddings; pass max_context_length")
+        self._max_context_length = int(max_context_length)
+        self._max_batch_size = max_batch_size
+        self._version = 0
+        self._seed_rng = random.Random()
+
+        # Shared between the event loop and the worker, guarded by _cv.
+        self._cv = threading.Condition()
+        self._pending: deque[RequestState] = deque()
+        self._commands: deque[Command] = deque()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        # Worker-thread state.
+        self._batch: Batch | None = None
+
+    # -- properties ------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def max_context_length(self) -> int:
+        return self._max_context_length
+
+    @property
+    def model(self) -> PreTrainedModel:
+        return self._model
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def num_active(self) -> int:
+        """Requests waiting or holding a batch row (finished and aborted ones leave at the next step)."""
+        batch = self._batch
+        return len(self._pending) + (len(batch) if batch is not None else 0)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        with self._cv:
+            if self._thread is not None:
+                return
+            self._stopping = False
+            self._thread = threading.Thread(target=self._worker, name="rlgate-local-engine", daemon=True)
+            self._thread.start()
+
+    async def close(self) -> None:
+        with self._cv:
+            thread = self._thread
+            if thread is None:
+                return
+            self._stopping = True
+            self._cv.notify_all()
+        await asyncio.to_thread(thread.join)
+        with self._cv:
+            if self._thread is thread:
+                self._thread = None
+
+    # -- generation ------------------------------------------------------------------------
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+        self._validate(request)
+        await self.start()
+        sampling = request.sampling
+        seed = sampling.seed if sampling.seed is not None else self._seed_rng.getrandbits(63)
+        req = RequestState(
+            input_ids=list(request.input_ids),
+            sampling=sampling,
+            generator=torch.Generator().manual_seed(seed % 2**64),
+            loop=asyncio.get_running_loop(),
+            queue=asyncio.Queue(),
+            stop_ids=frozenset(sampling.stop_token_ids),
+        )
+        with self._cv:
+            if self._stopping:
+                raise EngineError("the engine is shutting down", status=503, code="engine_unavailable")
+            self._pending.append(req)
+            self._cv.notify()
+        try:
+            while True:
+                delta = coalesce(await req.queue.get(), req.queue)
+                yield delta
+                if delta.finish_reason is not None:
+                    return
+        finally:
+            if not req.finished:
+                req.aborted = True
+                with self._cv:
+                    self._cv.notify()
+
+    def _validate(self, request: GenerateRequest) -> None:
+        ids = request.input_ids
+        if not ids:
+            raise EngineError("input_ids is empty", status=400, code="invalid_request")
+        if len(ids) >= self._max_context_length:
+            raise EngineError(
+                f"the prompt has {len(ids)} tokens; this engine's context is {self._max_context_length} "
+                "tokens, prompt and output included",
+                status=400,
+                code="context_length_exceeded",
+            )
+        if min(ids) < 0 or max(ids) >= self._vocab_size:
+            raise EngineError(
+                f"input_ids must be in [0, {self._vocab_size})", status=400, code="invalid_request"
+            )
+
+    # -- weights ---------------------------------------------------------------------------
+
+    async def update_weights_from_path(self, path: str | os.PathLike[str]) -> int:
+        """Load a safetensors checkpoint directory into the model; return the new version."""
+        state = await asyncio.to_thread(load_safetensors_dir, path)
+        return await self.update_weights_from_state_dict(state)
+
+    async def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        """Copy ``state_dict`` into the model between two decoding steps; return the new version."""
+        pairs = match_state_dict(self._model, state_dict)
+
+        def swap() -> int:
+            with torch.no_grad():
+                for target, source in pairs:
+                    target.copy_(source)
+            return self._bump()
+
+        return await self._run_command(swap)
+
+    async def bump_version(self) -> int:
+        """Declare that the (shared) model was updated in place; return the new version."""
+        return await self._run_command(self._bump)
+
+    def _bump(self) -> int:
+        self._version += 1
+        return self._version
+
+    async def _run_command(self, fn: Callable[[], int]) -> int:
+        await self.start()
+        loop = asyncio.get_running_loop()
+        command = Command(fn, loop, loop.create_future())
+        with self._cv:
+            if self._stopping:
+                raise EngineError("the engine is shutting down", status=503, code="engine_unavailable")
+            self._commands.append(command)
+            self._cv.notify()
+        return await command.future
+
+    # -- worker thread ---------------------------------------------------------------------
+
+    def _worker(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._stopping or self._commands or self._pending or self._batch is not None):
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                commands = list(self._commands)
+                self._commands.clear()
+                newcomers = self._admit()
+            for command in commands:
+                self._run(command)
+            try:
+                self._step(newcomers)
+            except Exception as e:  # keep serving: fail what was in flight, start afresh
+                log.exception("local engine: a generation step failed; failing the requests in flight")
+                error = EngineError(f"generation failed: {type(e).__name__}: {e}", status=500)
+                for req in [*newcomers, *(self._batch.rows if self._batch is not None else [])]:
+                    req.finish_with(error)
+                self._batch = None
+        self._shutdown()
+
+    def _admit(self) -> list[RequestState]:
+        """Pop pending requests that fit in the batch (caller holds the lock)."""
+        free = self._max_batch_size - (len(self._batch) if self._batch is not None else 0)
+        admitted: list[RequestState] = []
+        longest = 0
+        while self._pending and len(admitted) < free:
+            req = self._pending[0]
+            if req.aborted:
+                self._pending.popleft()
+                continue
+            longest_if_added = max(longest, len(req.input_ids))
+            if admitted and longest_if_added * (len(admitted) + 1) > PREFILL_TOKEN_BUDGET:
+                break
+            admitted.append(self._pending.popleft())
+            longest = longest_if_added
+        return admitted
+
+    def _run(self, command: Command) -> None:
+        try:
+            result = command.fn()
+        except EngineError as e:
+            command.fail(e)
+        except Exception as e:  # a failed copy must not kill the worker: report it to the caller
+            log.exception("local engine: a weight update failed")
+            command.fail(WeightUpdateError(f"weight update failed: {type(e).__name__}: {e}", status=500))
+        else:
+            command.resolve(result)
+
+    def _step(self, newcomers: list[RequestState]) -> None:
+        """Admit ``newcomers``, then run one decoding step over the whole batch."""
+        self._drop_done()
+        with torch.inference_mode():
+            if newcomers:
+                fresh, logits = self._prefill(newcomers)
+                self._emit(fresh, logits)
+                if self._batch is None:
+                    self._batch = fresh
+                else:
+                    self._batch.extend(fresh)
+                self._drop_done()
+            if self._batch is not None:
+                self._emit(self._batch, self._decode(self._batch))
+                self._drop_done()
+
+    def _prefill(self, reqs: list[RequestState]) -> tuple[Batch, torch.Tensor]:
+        """Run the prompts of ``reqs`` (left padded) through the model; return the batch and last logits."""
+        length = max(len(r.input_ids) for r in reqs)
+        ids = torch.zeros(len(reqs), length, dtype=torch.long)
+        mask = torch.zeros(len(reqs), length, dtype=torch.long)
+        for i, r in enumerate(reqs):
+            ids[i, length - len(r.input_ids) :] = torch.tensor(r.input_ids)
+            mask[i, length - len(r.input_ids) :] = 1
+        ids, mask = ids.to(self._device), mask.to(self._device)
+        positions = (mask.cumsum(-1) - 1).clamp_(min=0)
+        cache = PaddedCache(self._num_layers)
+        logits = self._forward(ids, mask, positions, cache)
+        batch = Batch(reqs, cache, mask, positions[:, -1] + 1, [])
+        return batch, logits
+
+    def _decode(self, batch: Batch) -> torch.Tensor:
+        """Feed each row its last sampled token; return the next-token logits."""
+        ids = torch.tensor(batch.next_tokens, dtype=torch.long, device=self._device)[:, None]
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch), 1)], dim=1)
+        logits = self._forward(ids, batch.mask, batch.positions[:, None], batch.cache)
+        batch.positions = batch.positions + 1
+        return logits
+
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: PaddedCache
+    ) -> torch.Tensor:
+        kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._takes_logits_to_keep else {}
+        out = self._model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, **kwargs
+        )
+        return out.logits[:, -1, :].float().cpu()
+
+    def _emit(self, batch: Batch, logits: torch.Tensor) -> None:
+        """Sample each row's next token, send it to its consumer, remember it for the next step."""
+        tokens, logprobs = sample_tokens(
+            logits, [r.sampling for r in batch.rows], [r.generator for r in batch.rows]
+        )
+        version = self._version
+        for req, tok, lp in zip(batch.rows, tokens, logprobs, strict=True):
+            if req.done:
+                continue
+            req.num_generated += 1
+            finish = self._finish_reason(req, tok)
+            req.finished = finish is not None
+            req.push(TokenDelta([tok], [lp], [version], finish))
+        batch.next_tokens = tokens
+
+    def _finish_reason(self, req: RequestState, token: int) -> FinishReason | None:
+        if token in req.stop_ids:
+            return "stop"
+        if req.num_generated >= req.sampling.max_new_tokens:
+            return "length"
+        if len(req.input_ids) + req.num_generated >= self._max_context_length:
+            return "length"
+        return None
+
+    def _drop_done(self) -> None:
+        batch = self._batch
+        if batch is None:
+            return
+        keep = [i for i, r in enumerate(batch.rows) if not r.done]
+        if not keep:
+            self._batch = None
+        elif len(keep) < len(batch):
+            batch.select(keep)
+
+    def _shutdown(self) -> None:
+        """Abort everything still in flight (worker thread, on close)."""
+        with self._cv:
+            pending = list(self._pending)
+            self._pending.clear()
+            commands = list(self._commands)
+            self._commands.clear()
+        running = self._batch.rows if self._batch is not None else []
+        self._batch = None
+        for req in [*running, *pending]:
+            req.finish_with(TokenDelta([], [], [], "abort"))
+        for command in commands:
+            command.fail(EngineError("the engine was closed", status=503, code="engine_unavailable"))

@@ -1,0 +1,98 @@
+"""SQLiteStore: sessions and interactions in one SQLite file (stdlib ``sqlite3``, WAL mode).
+
+:meth:`SQLiteStore.wait_durable` is the barrier the gateway awaits before it sends a
+response that reports a change, so that "the client saw it" implies "it is durable"
+(docs/operations.md, "Durability guarantee"). How writes reach the disk: :mod:`.commits`;
+the row format: :mod:`.rows` and :mod:`.codec`; the files and their lock: :mod:`.files`.
+Keys: only ``key_hash`` (SHA-256 of the session key) exists on a session; keys are never
+written anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from rlgate.store.sqlite.codec import to_json
+from rlgate.store.sqlite.commits import GroupCommit
+from rlgate.store.sqlite.files import lock_and_create
+from rlgate.store.sqlite.rows import RowCodec
+from rlgate.store.sqlite.schema import DYNAMIC_COLS, SESSION_COLS, STATIC_COLS, init_db
+from rlgate.trajectory.interaction import Interaction, Session
+
+__all__ = ["SQLiteStore"]
+
+
+class SQLiteStore:
+    """SQLite store (see the module docstring). ``synchronous``: ``"full"``: a change is
+    durable once the WAL holding it is fsynced (survives power loss); ``"normal"``: once it
+    is committed to the WAL (survives a crash of the gateway process, not of the machine)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "full") -> None:
+        if synchronous not in ("full", "normal"):
+            raise ValueError("synchronous must be 'full' or 'normal'")
+        self.path = Path(path)
+        self.synchronous = synchronous
+        self._lock_fd = lock_and_create(self.path)
+        try:
+            conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+            init_db(conn, self.path)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._rows = RowCodec()
+        self._commits = GroupCommit(conn, self.path, synchronous=synchronous)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Commits, writes, failed writes, fsyncs and checkpoints so far."""
+        return self._commits.stats
+
+    @property
+    def synced(self) -> bool:
+        """Is every committed write durable (fsynced in "full" mode)?"""
+        return self._commits.synced
+
+    # ------------------------------------------------------------------ load (startup)
+
+    def load_meta(self) -> dict[str, Any]:
+        return {k: json.loads(v) for k, v in self._commits.query("SELECT key, value FROM meta")}
+
+    def load(self) -> list[Session]:
+        sessions = self._commits.query(f"SELECT {', '.join(SESSION_COLS)} FROM sessions ORDER BY created_at, rowid")
+        interactions = self._commits.query(
+            f"SELECT {', '.join(STATIC_COLS + DYNAMIC_COLS)} FROM interactions ORDER BY seq")
+        return self._rows.load(sessions, interactions)
+
+    # ------------------------------------------------------------------ writes
+
+    def save_session(self, session: Session) -> None:
+        self._commits.submit([self._rows.session(session)])
+
+    def save_meta(self, key: str, value: Any) -> None:
+        self._commits.submit([("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, to_json(value)))])
+
+    def save_interaction(self, interaction: Interaction) -> None:
+        self._commits.submit([self._rows.interaction(interaction)])
+
+    def delete_session(self, session_id: str) -> None:
+        self._commits.submit(self._rows.delete_session(session_id))
+
+    # ------------------------------------------------------------------ barrier and shutdown
+
+    async def wait_durable(self) -> None:
+        """Return once the writes this request (task context) submitted are durable."""
+        await self._commits.wait_durable()
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Commit what is pending and block until it is durable."""
+        self._commits.flush(timeout)
+
+    def close(self) -> None:
+        if self._commits.closed:
+            return
+        self._commits.close()
+        os.close(self._lock_fd)
