@@ -63,6 +63,7 @@ async def test_cli_agent_time_limit_kills_and_scores(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # 4 real CLI episodes + 2 GRPO steps on a 2-core CPU
 @pytest.mark.parametrize("kind", ["claude_code", "codex"])
 def test_rlgate_train_runs_cli_agents_for_a_few_grpo_steps(kind, tiny_model_dir, tmp_path):
     from helpers import brief_tiny_model

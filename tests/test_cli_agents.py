@@ -25,7 +25,7 @@ from rlgate.agents.npm import CLAUDE_CODE, CODEX, CLINotFound, ensure_cli
 from rlgate.engine.fake import FakeEngine, ToolRoundScript
 from rlgate.server.runner import ServerThread
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # real CLIs; the tiny model prefills on a CPU
 
 SHELL_TOOLS = ("Bash", "exec_command", "shell", "local_shell")  # a shell tool, whichever the client offers
 SHORT_PROMPT = "You are a coding agent. Use the tools to inspect and fix code, then answer in one line."
