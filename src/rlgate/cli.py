@@ -91,6 +91,29 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info", type=str.lower,
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log one line per request (never keys)")
+    add_cluster_args(p)
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """``--replicas``, ``--ray-address``, ...: one flag per :class:`~rlgate.config.ClusterConfig` field."""
+    import dataclasses
+    import typing
+
+    from rlgate.config import ClusterConfig
+
+    g = p.add_argument_group("replicas on Ray (see docs/scale-out.md)")
+    hints = typing.get_type_hints(ClusterConfig)
+    for f in dataclasses.fields(ClusterConfig):
+        kind = next((t for t in (int, float, str) if t is hints[f.name] or t in typing.get_args(hints[f.name])), str)
+        g.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default, help=f.metadata["help"])
+
+
+def cluster_config(args: argparse.Namespace) -> Any:
+    import dataclasses
+
+    from rlgate.config import ClusterConfig
+
+    return ClusterConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ClusterConfig)})
 
 
 def resolve_admin_key(args: argparse.Namespace) -> tuple[str, bool]:
@@ -106,14 +129,10 @@ def resolve_admin_key(args: argparse.Namespace) -> tuple[str, bool]:
     return secrets.token_urlsafe(32), True
 
 
-def build_app(args: argparse.Namespace, admin_key: str) -> Any:
+def gateway_config(args: argparse.Namespace, admin_key: str) -> Any:
     from rlgate.config import GatewayConfig
-    from rlgate.model import context_length, load_tokenizer, stop_token_ids
-    from rlgate.server.app import create_app
-    from rlgate.store import StoreError, open_store
 
-    tokenizer = load_tokenizer(args.model)
-    config = GatewayConfig(
+    return GatewayConfig(
         admin_key=admin_key,
         capacity_mode=args.capacity_mode,
         trajectory_mode=args.trajectory_mode,
@@ -138,6 +157,15 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         shutdown_timeout=args.shutdown_timeout,
         cors_origins=list(args.cors_origin),
     )
+
+
+def build_app(args: argparse.Namespace, admin_key: str) -> Any:
+    from rlgate.model import context_length, load_tokenizer, stop_token_ids
+    from rlgate.server.app import create_app
+    from rlgate.store import StoreError, open_store
+
+    tokenizer = load_tokenizer(args.model)
+    config = gateway_config(args, admin_key)
     engine: Any
     if args.engine == "fake":
         from rlgate.engine.fake import FakeEngine
@@ -180,11 +208,69 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"rlgate: generated an admin key; written to {args.admin_key_file} (mode 0600)", flush=True)
         else:
             print(f"rlgate: generated admin key (shown once): {admin_key}", flush=True)
+    if args.replicas > 0:
+        return serve_cluster(args, admin_key)
     app = build_app(args, admin_key)
     from rlgate.server.serve import serve
 
     return serve(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log,
                  shutdown_timeout=args.shutdown_timeout)
+
+
+def engine_spec(args: argparse.Namespace, replicas: int) -> Any:
+    """What each replica builds (``rlgate.cluster.engines``) from ``rlgate serve``'s engine flags."""
+    from rlgate.cluster.engines import FakeEngineSpec, LocalEngineSpec, RemoteEngineSpec
+    from rlgate.model import context_length
+
+    if args.engine == "fake":
+        return FakeEngineSpec(output_tokens=args.fake_output_tokens, token_delay=args.fake_token_delay,
+                              max_context_length=args.context_length or context_length(args.model) or 32768)
+    if args.engine == "local":
+        return LocalEngineSpec(str(Path(args.model).resolve()), device=args.device,
+                               max_batch_size=args.max_batch_size, max_context_length=args.context_length)
+    from rlgate.engine.remote.options import remote_engine_options
+
+    if not args.backend_url:
+        raise SystemExit(f"rlgate: --engine {args.engine} needs at least one --backend-url")
+    urls = list(args.backend_url)
+    # replica i drives the backends i, i+N, ...; with fewer backends than replicas they are shared
+    shares = [urls[i::replicas] or [urls[i % len(urls)]] for i in range(replicas)]
+    return RemoteEngineSpec(args.engine, shares, remote_engine_options(
+        args, fallback_context=args.context_length or context_length(args.model)))
+
+
+def serve_cluster(args: argparse.Namespace, admin_key: str) -> int:
+    """``rlgate serve --replicas N``: N replicas on Ray, this process runs the router."""
+    from rlgate.cluster.launch import Cluster
+    from rlgate.cluster.replica import ReplicaSpec
+    from rlgate.server.serve import KEEP_ALIVE_S
+    from rlgate.store import default_data_dir
+
+    cfg = cluster_config(args)
+    if args.store not in (None, ":memory:"):
+        raise SystemExit("rlgate: with --replicas each replica keeps its own store under --data-dir "
+                         "(DATA_DIR/replica-<i>/rlgate.sqlite); --store accepts only ':memory:' there")
+    data_dir = None if args.store == ":memory:" else str(Path(args.data_dir or default_data_dir()).resolve())
+    spec = ReplicaSpec(model=str(Path(args.model).resolve()), config=gateway_config(args, admin_key),
+                       engine=engine_spec(args, cfg.replicas), data_dir=data_dir, store_sync=args.store_sync,
+                       host=cfg.replica_host, log_level="warning" if args.log_level == "info" else args.log_level)
+    cluster = Cluster(spec, cfg)
+    try:
+        cluster.start()
+        import uvicorn
+
+        from rlgate.server.serve import GatewayServer
+
+        print(f"rlgate: {cfg.replicas} replicas up; router on http://{args.host}:{args.port}", flush=True)
+        GatewayServer(uvicorn.Config(cluster.make_router(), host=args.host, port=args.port, log_level=args.log_level,
+                                     access_log=args.access_log, timeout_keep_alive=KEEP_ALIVE_S, lifespan="on"),
+                      None).run()
+    finally:
+        cluster.stop()
+        import ray
+
+        ray.shutdown()
+    return 0
 
 
 # --------------------------------------------------------------------------- tiny-model

@@ -33,3 +33,25 @@ class GatewayConfig:
     cors_origins: list[str] = field(default_factory=list)  # empty: no CORS headers at all
     stream_keepalive_interval: float = 10.0  # seconds without a streamed event before a keep-alive (0: never)
     image_placeholder: str = "<image>"  # informational: what text-only templates render for an image
+
+
+@dataclass
+class ClusterConfig:
+    """Gateway replicas on Ray behind one router (``rlgate serve --replicas N``; see docs/scale-out.md)."""
+
+    replicas: int = field(default=0, metadata={
+        "help": "run N gateway replicas as Ray actors behind a router on --host/--port (0: one plain gateway)"})
+    ray_address: str | None = field(default=None, metadata={
+        "help": "join this Ray cluster (e.g. 'auto' or HOST:6379) instead of starting a local one"})
+    replica_num_cpus: float = field(default=1.0, metadata={"help": "CPUs Ray reserves for each replica"})
+    replica_num_gpus: float = field(default=0.0, metadata={
+        "help": "GPUs Ray reserves for each replica (1 with --engine local on GPU nodes)"})
+    replica_host: str = field(default="127.0.0.1", metadata={
+        "help": "interface each replica's HTTP port binds; 0.0.0.0 when replicas run on other nodes"})
+    ray_num_cpus: int | None = field(default=None, metadata={
+        "help": "local Ray cluster only: CPUs it may schedule (default: the machine's)"})
+    object_store_mb: int = field(default=128, metadata={
+        "help": "local Ray cluster only: object store size in MiB (the data plane does not use it)"})
+    refresh_interval: float = field(default=0.5, metadata={
+        "help": "seconds between the router's refreshes of replica state and load"})
+    namespace: str = field(default="rlgate", metadata={"help": "Ray namespace of the replica actors"})

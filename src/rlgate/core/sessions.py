@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from rlgate.config import GatewayConfig
+from rlgate.core.naming import DefaultNaming, SessionNaming
 from rlgate.core.request_scope import after_response
 from rlgate.errors import (
     AuthenticationFailed,
@@ -44,9 +45,10 @@ def hash_key(key: str) -> str:
 
 
 class SessionManager:
-    def __init__(self, config: GatewayConfig, store: Store) -> None:
+    def __init__(self, config: GatewayConfig, store: Store, naming: SessionNaming | None = None) -> None:
         self.config = config
         self.store = store
+        self.naming: SessionNaming = naming or DefaultNaming()
         self.sessions: dict[str, Session] = {}
         self._by_key: dict[str, str] = {}  # key digest -> session id
         self.capacity = 0  # admissions left in "granted" capacity mode
@@ -60,6 +62,9 @@ class SessionManager:
             "sessions_swept": 0,
         }
         self.accepting = True  # False while shutting down: no new sessions
+        # ended / interrupted sessions not exported yet, oldest first (for collect())
+        self._finished: dict[str, None] = {}
+        self._finished_changed: asyncio.Event | None = None
 
     # ------------------------------------------------------------------ restart
 
@@ -91,6 +96,7 @@ class SessionManager:
             self.sessions[s.id] = s
             if s.exported_at is None:  # later sessions (created_at order) win a reused key
                 self._by_key[s.key_hash] = s.id
+                self._finished[s.id] = None
         if self.sessions:
             by_status: dict[str, int] = {}
             for s in self.sessions.values():
@@ -112,9 +118,9 @@ class SessionManager:
 
     def _free_session_id(self, task_id: str) -> str:
         k = 0
-        while f"{task_id}-{k}" in self.sessions:
+        while self.naming.session_id(f"{task_id}-{k}") in self.sessions:
             k += 1
-        return f"{task_id}-{k}"
+        return self.naming.session_id(f"{task_id}-{k}")
 
     def open_sessions(self) -> int:
         return sum(1 for s in self.sessions.values() if s.status == "active")
@@ -156,7 +162,7 @@ class SessionManager:
                                   code="no_capacity")
             self.capacity -= 1
             self.store.save_meta("capacity", self.capacity)
-        key = api_key if api_key is not None else secrets.token_urlsafe(32)
+        key = api_key if api_key is not None else self.naming.new_key()
         digest = hash_key(key)
         session = Session(
             id=self._free_session_id(task_id),
@@ -207,6 +213,7 @@ class SessionManager:
             session.status = "ended"
             session.ended_at = time.time()
             self.store.save_session(session)
+            self._mark_finished(session)
             log.info("session %s ended with %d interactions", session.id, len(session.interactions))
         return len(session.completed_interactions())
 
@@ -302,6 +309,7 @@ class SessionManager:
         if self._by_key.get(session.key_hash) == session.id:  # the key may map to a newer session
             del self._by_key[session.key_hash]
         session.exported_at = time.time()
+        self._finished.pop(session.id, None)
 
         def drop() -> None:
             if self.config.retain_exported > 0:
@@ -312,6 +320,40 @@ class SessionManager:
 
         after_response(drop)
         log.info("session %s exported", session.id)
+
+    def _mark_finished(self, session: Session) -> None:
+        self._finished[session.id] = None
+        if self._finished_changed is not None:
+            self._finished_changed.set()
+
+    async def collect(self, max_sessions: int, *, wait_timeout: float = 0.0, style: ExportStyle = "individual",
+                      discount: float = 1.0) -> list[dict[str, Any]]:
+        """Exports of up to ``max_sessions`` finished sessions (ended or interrupted, nothing in
+        flight, not exported yet), in the order they finished; waits up to ``wait_timeout``
+        seconds for the first. Each is exported as by :meth:`export` (dropped once the response
+        is sent): a trainer drains every finished trajectory without naming sessions."""
+        deadline = time.monotonic() + max(0.0, wait_timeout)
+        while True:
+            ready = [sid for sid in self._finished
+                     if (s := self.sessions.get(sid)) is not None and s.exported_at is None and not s.in_flight
+                     and s.status != "active"][:max_sessions]
+            left = deadline - time.monotonic()
+            if ready or left <= 0:
+                break
+            if self._finished_changed is None:
+                self._finished_changed = asyncio.Event()
+            self._finished_changed.clear()
+            try:
+                await asyncio.wait_for(self._finished_changed.wait(), min(left, 0.5))
+            except TimeoutError:
+                pass
+        out = []
+        for sid in ready:
+            try:
+                out.append(await self.export(sid, style=style, discount=discount))
+            except NotFound:  # another collector took it meanwhile
+                continue
+        return out
 
     # ------------------------------------------------------------------ housekeeping
 

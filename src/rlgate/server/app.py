@@ -26,6 +26,7 @@ from rlgate.api.openapi import install_openapi
 from rlgate.config import GatewayConfig
 from rlgate.core.gateway import Gateway
 from rlgate.core.generation import GenerationService
+from rlgate.core.naming import SessionNaming
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine
 from rlgate.server.body_limit import BodyLimitMiddleware
@@ -42,8 +43,11 @@ def create_app(
     tokenizer: Any,
     *,
     stop_token_ids: list[int] | None = None,
+    naming: SessionNaming | None = None,
 ) -> FastAPI:
-    sessions = SessionManager(config, store)
+    """``naming``: how session keys and ids are made (default: random keys, ``{task_id}-{k}``
+    ids; gateway replicas behind a router pass one whose keys name the replica)."""
+    sessions = SessionManager(config, store, naming)
     sessions.restore()
     stops = config.stop_token_ids or stop_token_ids
     if not stops:

@@ -14,6 +14,7 @@ overrides (dotted keys, YAML values: ``--set grpo.lr=1e-5 --set steps=200``)::
     rollout: {group_size: 8, concurrency: 64, export_style: individual}
     gateway: {}                          # in-process gateway + local engine (colocated sync)
     # gateway: {url: http://gpu-box:8000, sync_dir: /shared/ckpt}   # remote gateway
+    # ray: {replicas: 4, address: auto, episode: {num_cpus: 1}}       # replicas + rollouts on Ray
 
 Checkpoints (model, tokenizer, optimiser, loop state) go to
 ``out_dir/checkpoints/step-N``; with ``resume: true`` (default) a rerun continues from
@@ -61,6 +62,23 @@ class GatewaySettings(BaseModel):
     device: str | None = None
 
 
+class RaySettings(BaseModel):
+    """Run on a Ray cluster: rollouts as Ray tasks (``rollout.mode`` becomes ``ray``) and, with
+    ``replicas``, the gateway as that many replicas behind a router in this process (each with a
+    local engine on ``replica_num_gpus`` GPUs), weights synced through the router's controller."""
+
+    model_config = {"extra": "forbid"}
+
+    address: str | None = None  # an existing cluster ("auto", HOST:6379); None: start a local one
+    num_cpus: int | None = None  # local cluster only: CPUs it may schedule
+    replicas: int = Field(default=0, ge=0)  # 0: the gateway as configured in `gateway:`
+    replica_num_cpus: float = Field(default=1.0, ge=0)
+    replica_num_gpus: float = Field(default=0.0, ge=0)
+    replica_host: str = "127.0.0.1"  # 0.0.0.0 when replicas run on other nodes
+    episode: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 1})  # each episode's resource request
+    data_dir: str | None = None  # replicas' stores (default out_dir/replicas; must be on each node)
+
+
 class TrainConfig(BaseModel):
     model: str
     out_dir: str = "runs/rlgate"
@@ -76,6 +94,7 @@ class TrainConfig(BaseModel):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    ray: RaySettings | None = None
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -184,13 +203,24 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
         state.step, state.history = saved["step"], saved["history"]
         print(f"resuming from {ckpt} (step {state.step})")
 
-    server = engine = None
-    if cfg.gateway.url:
+    server = engine = cluster = None
+    sync: Any
+    if cfg.ray is not None:
+        from rlgate.cluster.launch import init_ray
+        from rlgate.config import ClusterConfig
+
+        init_ray(ClusterConfig(ray_address=cfg.ray.address, ray_num_cpus=cfg.ray.num_cpus))
+    if cfg.ray is not None and cfg.ray.replicas > 0:
+        cluster, client = _start_cluster(cfg, out)
+        sync = RemoteSync(client, cfg.gateway.sync_dir or out / "sync")
+        if ckpt is not None:
+            await sync.push(trainer.model)
+    elif cfg.gateway.url:
         admin_key = cfg.gateway.admin_key or os.environ.get("RLGATE_ADMIN_KEY")
         if not admin_key:
             raise SystemExit("gateway.url needs gateway.admin_key or $RLGATE_ADMIN_KEY")
         client = GatewayClient(cfg.gateway.url, admin_key)
-        sync: Any = RemoteSync(client, cfg.gateway.sync_dir or out / "sync")
+        sync = RemoteSync(client, cfg.gateway.sync_dir or out / "sync")
         if ckpt is not None:
             await sync.push(trainer.model)  # the gateway must serve the resumed weights
     else:
@@ -216,7 +246,9 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
 
     agent = load_agent(cfg.agent, cfg.agent_kwargs)
     runner = RolloutRunner(client, agent, group_size=cfg.rollout.group_size, concurrency=cfg.rollout.concurrency,
-                           episode_timeout=cfg.rollout.episode_timeout, mode=cfg.rollout.mode,
+                           episode_timeout=cfg.rollout.episode_timeout,
+                           mode="ray" if cfg.ray is not None else cfg.rollout.mode,
+                           ray_options=cfg.ray.episode if cfg.ray is not None else None,
                            export_style=cfg.rollout.export_style, discount=cfg.rollout.discount)
     data = read_jsonl(cfg.dataset)
     eval_data = [{**d, "temperature": 0.0} for d in read_jsonl(cfg.eval_dataset)] if cfg.eval_dataset else []
@@ -268,6 +300,34 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
         await client.aclose()
         if server is not None:
             server.stop()
+        if cluster is not None:
+            cluster.stop()
+
+
+def _start_cluster(cfg: TrainConfig, out: Path) -> tuple[Any, Any]:
+    """Gateway replicas with local engines on Ray, a router in this process; (cluster, client)."""
+    from rlgate.client import GatewayClient
+    from rlgate.cluster.engines import LocalEngineSpec
+    from rlgate.cluster.launch import Cluster
+    from rlgate.cluster.replica import ReplicaSpec
+    from rlgate.config import ClusterConfig, GatewayConfig
+
+    assert cfg.ray is not None
+    admin_key = secrets.token_urlsafe(32)
+    model = str(Path(cfg.model).resolve())
+    spec = ReplicaSpec(
+        model=model,
+        config=GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
+                             reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
+                             context_length=cfg.gateway.context_length, model_name=Path(cfg.model).name),
+        engine=LocalEngineSpec(model, device=cfg.gateway.device), host=cfg.ray.replica_host,
+        data_dir=str(Path(cfg.ray.data_dir or out / "replicas").resolve()))
+    cluster = Cluster(spec, ClusterConfig(replicas=cfg.ray.replicas, ray_address=cfg.ray.address,
+                                          replica_num_cpus=cfg.ray.replica_num_cpus,
+                                          replica_num_gpus=cfg.ray.replica_num_gpus,
+                                          replica_host=cfg.ray.replica_host))
+    cluster.start()
+    return cluster, GatewayClient(cluster.start_router(), admin_key)
 
 
 def run_training(config_path: str, overrides: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ POST /rl/start_session     admin        new session + its API key
 POST /rl/end_session       session      end the session (idempotent)
 POST /rl/set_reward        session/adm  reward an interaction (default: last one)
 POST /export_trajectories  admin        samples of an ended session
+POST /rl/collect           admin        exports of finished sessions, oldest first
 POST /rl/update_weights    admin        load a checkpoint into the engine
 GET  /rl/metrics           admin        counters
 GET  /health               none         liveness + weight version
@@ -27,6 +28,7 @@ from pydantic import ValidationError
 from rlgate.api.auth import is_admin_request, require_admin, session_from_request
 from rlgate.api.common import validation_message
 from rlgate.api.control.protocol import (
+    CollectRequest,
     ExportRequest,
     GrantCapacityRequest,
     SetRewardRequest,
@@ -99,6 +101,15 @@ async def export_trajectories(request: Request, body: ExportRequest) -> dict[str
         body.session_id, style=body.style, discount=body.discount, keep=body.keep,
         wait_timeout=body.wait_timeout,
     )
+
+@router.post("/rl/collect", tags=["control"])
+async def collect(request: Request, body: CollectRequest) -> dict[str, Any]:
+    """Exports of up to ``max_sessions`` finished (ended or interrupted) sessions, in the order they
+    finished, without naming them (rlgate extension; a long poll with ``wait_timeout``)."""
+    require_admin(request)
+    sessions = await gw(request).sessions.collect(body.max_sessions, wait_timeout=body.wait_timeout,
+                                                  style=body.style, discount=body.discount)
+    return {"sessions": sessions}
 
 @router.post("/rl/update_weights", tags=["control"])
 async def update_weights(request: Request, body: UpdateWeightsRequest) -> dict[str, Any]:

@@ -240,6 +240,10 @@ class LocalEngine(StreamingEngineMixin):
         self._version += 1
         return self._version
 
+    def restore_version(self, version: int) -> None:
+        """Declare the weights loaded now to be ``version`` (a replica catching up after a restart)."""
+        self._version = version
+
     async def _run_command(self, fn: Callable[[], int]) -> int:
         await self.start()
         loop = asyncio.get_running_loop()

@@ -37,10 +37,9 @@ def add_remote_args(p: argparse.ArgumentParser) -> None:
                    help="how vLLM pauses in-flight requests during a weight update")
 
 
-def remote_engine_from_args(args: argparse.Namespace, *, fallback_context: int | None) -> Any:
-    """The SGLang or vLLM engine described by ``rlgate serve``'s arguments."""
-    if not args.backend_url:
-        raise SystemExit(f"rlgate: --engine {args.engine} needs at least one --backend-url")
+def remote_engine_options(args: argparse.Namespace, *, fallback_context: int | None) -> dict[str, Any]:
+    """Keyword arguments of the SGLang or vLLM engine described by ``rlgate serve``'s arguments
+    (without the backend URLs)."""
     common: dict[str, Any] = {
         "max_context_length": fallback_context,
         "failover": args.failover,
@@ -51,13 +50,22 @@ def remote_engine_from_args(args: argparse.Namespace, *, fallback_context: int |
         "strict_logprobs": args.strict_logprobs,
     }
     if args.engine == "sglang":
+        return {**common, "pause_mode": args.sglang_pause_mode,
+                "return_original_logprob": args.sglang_return_original_logprob}
+    if args.engine == "vllm":
+        return {**common, "logprobs_mode": args.vllm_logprobs_mode, "pause_mode": args.vllm_pause_mode}
+    raise ValueError(f"not a remote engine: {args.engine}")
+
+
+def remote_engine_from_args(args: argparse.Namespace, *, fallback_context: int | None) -> Any:
+    """The SGLang or vLLM engine described by ``rlgate serve``'s arguments."""
+    if not args.backend_url:
+        raise SystemExit(f"rlgate: --engine {args.engine} needs at least one --backend-url")
+    options = remote_engine_options(args, fallback_context=fallback_context)
+    if args.engine == "sglang":
         from rlgate.engine.remote.sglang import SGLangEngine
 
-        return SGLangEngine(args.backend_url, pause_mode=args.sglang_pause_mode,
-                            return_original_logprob=args.sglang_return_original_logprob, **common)
-    if args.engine == "vllm":
-        from rlgate.engine.remote.vllm import VLLMEngine
+        return SGLangEngine(args.backend_url, **options)
+    from rlgate.engine.remote.vllm import VLLMEngine
 
-        return VLLMEngine(args.backend_url, logprobs_mode=args.vllm_logprobs_mode, pause_mode=args.vllm_pause_mode,
-                          **common)
-    raise ValueError(f"not a remote engine: {args.engine}")
+    return VLLMEngine(args.backend_url, **options)
