@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM := false
 export RLGATE_NPM_CACHE ?= $(HOME)/.cache/rlgate-npm
 AGENT_CLIS := @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0
 
-.PHONY: demo test test-fast lint fuzz bench install agent-clis clean
+.PHONY: demo test test-fast lint fuzz bench install browser agent-clis clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rlgate demo --out demo-out
 
+# Debian's chromium + chromium-driver for the viewer's browser tests (tests/browser.py), when missing.
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
+	    echo "make browser: not root and no sudo: the browser tests will skip (CI fails them)"; exit 0; fi; \
+	  echo "installing chromium + chromium-driver (Debian packages) for the viewer tests"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    --no-install-recommends chromium chromium-driver >/dev/null; \
+	fi
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
@@ -38,7 +48,7 @@ agent-clis:
 	@npm install --no-audit --no-fund --prefix "$(RLGATE_NPM_CACHE)" $(AGENT_CLIS) >/dev/null 2>&1 \
 		|| echo "agent CLIs not installed (npm missing or registry unreachable): their tests will be skipped"
 
-test: lint agent-clis
+test: lint browser agent-clis
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

@@ -1,4 +1,4 @@
-"""``rlgate`` command line: serve, tiny-model, demo, train."""
+"""``rlgate`` command line: serve, tiny-model, demo, train, view."""
 
 from __future__ import annotations
 
@@ -91,7 +91,38 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info", type=str.lower,
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log one line per request (never keys)")
+    add_config_args(p, OBSERVABILITY_FIELDS)
     add_cluster_args(p)
+
+
+# GatewayConfig fields whose flags are made from the field's metadata["help"] and default
+OBSERVABILITY_FIELDS = ("metrics_port", "metrics_host", "ui", "ui_login_ttl", "guard_window", "guard_min_events",
+                        "guard_poll_interval", "guard_tool_parse_failure_ratio", "guard_unparsed_tool_markup_ratio",
+                        "guard_empty_reply_ratio", "guard_fork_ratio", "guard_unaligned_turn_ratio",
+                        "guard_missing_reward_ratio", "guard_stale_lag", "guard_stale_token_ratio",
+                        "guard_abort_ratio", "guard_store_failure_ratio")
+
+
+def add_config_args(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    """``--field-name`` flags for GatewayConfig fields: default, type and help from the dataclass."""
+    import dataclasses
+
+    from rlgate.config import GatewayConfig
+
+    fields = {f.name: f for f in dataclasses.fields(GatewayConfig)}
+    for name in names:
+        f = fields[name]
+        flag = "--" + name.replace("_", "-")
+        help_text = f.metadata.get("help", "")
+        if isinstance(f.default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+        else:
+            kind = type(f.default) if f.default is not None else int
+            p.add_argument(flag, type=kind, default=f.default, help=f"{help_text} (default: {f.default})")
+
+
+def config_values(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, Any]:
+    return {n: getattr(args, n) for n in names}
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -156,6 +187,7 @@ def gateway_config(args: argparse.Namespace, admin_key: str) -> Any:
         stream_keepalive_interval=args.stream_keepalive_interval,
         shutdown_timeout=args.shutdown_timeout,
         cors_origins=list(args.cors_origin),
+        **config_values(args, OBSERVABILITY_FIELDS),
     )
 
 
@@ -296,7 +328,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return run_scripted_demo(Path(args.out), seed=args.seed)
     from rlgate.demo.rl import run_demo
 
-    return run_demo(Path(args.out), task=args.task, seed=args.seed, steps=args.steps)
+    return run_demo(Path(args.out), task=args.task, seed=args.seed, steps=args.steps, metrics_port=args.metrics_port,
+                    pushgateway=args.pushgateway, gateway_metrics_port=args.gateway_metrics_port)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -305,6 +338,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlgate.train.run import run_training
 
     return run_training(args.config, args.set)
+
+
+# --------------------------------------------------------------------------- view
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    _offline_env()
+    from rlgate.ui.files import find_tokenizer
+    from rlgate.ui.static_export import write_view
+
+    tok_dir = Path(args.tokenizer) if args.tokenizer else find_tokenizer(args.paths)
+    tokenizer = None
+    if tok_dir is not None and not args.no_text:
+        from rlgate.model import load_tokenizer
+
+        tokenizer = load_tokenizer(str(tok_dir))
+        print(f"token text from the tokenizer in {tok_dir}")
+    elif not args.no_text:
+        print("no tokenizer found (pass --tokenizer DIR): tokens are shown as ids")
+    try:
+        out, run = write_view(args.paths, args.out, tokenizer=tokenizer, title=args.title,
+                              max_sessions=args.max_sessions, stale_lag=args.stale_lag)
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        raise SystemExit(f"rlgate view: {exc}") from exc
+    turns = sum(len(ep.turns) for ep in run.episodes)
+    more = f" ({run.omitted} more left out: --max-sessions)" if run.omitted else ""
+    print(f"wrote {out}: {len(run.episodes)} sessions, {turns} turns, {len(run.groups())} groups{more}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,6 +387,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the task's tuned value)")
     p.add_argument("--scripted", action="store_true", help="only a short scripted session, no training")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve the per-step training metrics (Prometheus) on this port")
+    p.add_argument("--pushgateway", default=None, help="also push them to this Prometheus Pushgateway URL")
+    p.add_argument("--gateway-metrics-port", type=int, default=None,
+                   help="serve the demo gateway's /metrics (guards included) without a key on this port")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("train", help="GRPO on any Hugging Face checkpoint (see rlgate.train.run)")
@@ -333,6 +399,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set grpo.lr=1e-5 (repeatable)")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("view", help="write the trajectory viewer for exported samples as one HTML file")
+    p.add_argument("paths", nargs="+", metavar="EXPORT",
+                   help="Parquet / JSONL samples (write_parquet, the demo's trajectories.parquet, saved "
+                   "/export_trajectories responses) or a directory of them (per-step dumps)")
+    p.add_argument("--out", required=True, help="the HTML file to write (self-contained, opens offline)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory for token text (default: a model/ or "
+                   "final/ directory next to the data, or the model of a training run's config.yaml)")
+    p.add_argument("--no-text", action="store_true", help="show token ids only (no tokenizer)")
+    p.add_argument("--max-sessions", type=int, default=1000,
+                   help="sessions to include (the first N; 200 tool-calling sessions make ~14 MB)")
+    p.add_argument("--stale-lag", type=int, default=4, help="flag tokens more than N versions behind")
+    p.add_argument("--title", default=None)
+    p.set_defaults(func=cmd_view)
 
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

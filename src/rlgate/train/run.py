@@ -13,6 +13,7 @@ overrides (dotted keys, YAML values: ``--set grpo.lr=1e-5 --set steps=200``)::
     grpo: {lr: 1.0e-6, groups_per_step: 16, max_staleness: 1}
     rollout: {group_size: 8, concurrency: 64, export_style: individual}
     gateway: {}                          # in-process gateway + local engine (colocated sync)
+    metrics: {port: 9400}                # Prometheus: per-step gauges (+ the in-process gateway's)
     # gateway: {url: http://gpu-box:8000, sync_dir: /shared/ckpt}   # remote gateway
     # ray: {replicas: 4, address: auto, episode: {num_cpus: 1}}       # replicas + rollouts on Ray
 
@@ -39,6 +40,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from rlgate.train.grpo import GRPOConfig
+from rlgate.train.telemetry import MetricsSettings
 
 
 class RolloutSettings(BaseModel):
@@ -95,6 +97,7 @@ class TrainConfig(BaseModel):
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     ray: RaySettings | None = None
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)  # Prometheus port / Pushgateway
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -203,6 +206,7 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
         state.step, state.history = saved["step"], saved["history"]
         print(f"resuming from {ckpt} (step {state.step})")
 
+    gateway_registries: tuple[Any, ...] = ()
     server = engine = cluster = None
     sync: Any
     if cfg.ray is not None:
@@ -242,6 +246,7 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
             engine, MemoryStore(), tokenizer, stop_token_ids=stop_token_ids(tokenizer, cfg.model))
         server = ServerThread(app)
         client = GatewayClient(server.start(), admin_key)
+        gateway_registries = (app.state.gateway.metrics.registry,)
         sync = ColocatedSync(engine)
 
     agent = load_agent(cfg.agent, cfg.agent_kwargs)
@@ -269,6 +274,11 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
                 yield f"s{state.step}-g{i}", data[j]
                 i += 1
 
+    from rlgate.train.telemetry import StepExporter
+
+    exporter = StepExporter(cfg.metrics, extra_registries=gateway_registries)
+    if exporter.url:
+        print(f"metrics: {exporter.url}")
     metrics_file = (out / "metrics.jsonl").open("a")
     try:
         state.version = (await client.health())["version"]
@@ -283,6 +293,7 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
                     m["eval_accuracy"] = accuracy
             metrics_file.write(json.dumps(m) + "\n")
             metrics_file.flush()
+            await exporter.step(st.step, m, st.version)
             print(f"step {st.step}: reward {m['reward']:.3f} loss {m['loss']:.4f} "
                   f"({m['rollout_s']:.1f} s rollout, {m['train_s']:.1f} s train)")
             if st.step % cfg.checkpoint_every == 0:
@@ -296,6 +307,7 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
         return {"steps": state.step, "version": state.version, "eval_start": first_eval, "eval_end": final_eval}
     finally:
         metrics_file.close()
+        exporter.close()
         await runner.aclose()
         await client.aclose()
         if server is not None:
