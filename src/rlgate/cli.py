@@ -1,4 +1,4 @@
-"""``rlgate`` command line: serve, tiny-model, demo, train, check, eval."""
+"""``rlgate`` command line: serve, tiny-model, demo, train, check, eval, view."""
 
 from __future__ import annotations
 
@@ -93,12 +93,47 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-stop-sequences", type=int, default=16)
     p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
     p.add_argument("--retain-exported", type=float, default=0.0)
+    from rlgate.config import GatewayConfig
+
+    p.add_argument("--stream-keepalive-interval", type=float, default=GatewayConfig.stream_keepalive_interval,
+                   help="seconds without a streamed event before a keep-alive event (ping) is sent; 0: never")
     p.add_argument("--cors-origin", action="append", default=[], help="allow this CORS origin (repeatable)")
     # no "trace": uvicorn logs raw request headers (keys) at that level
     p.add_argument("--log-level", default="info", type=str.lower,
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log one line per request (never keys)")
+    add_config_args(p, OBSERVABILITY_FIELDS)
     add_cluster_args(p)
+
+
+# GatewayConfig fields whose flags are made from the field's metadata["help"] and default
+OBSERVABILITY_FIELDS = ("metrics_port", "metrics_host", "ui", "ui_login_ttl", "guard_window", "guard_min_events",
+                        "guard_poll_interval", "guard_tool_parse_failure_ratio", "guard_unparsed_tool_markup_ratio",
+                        "guard_empty_reply_ratio", "guard_fork_ratio", "guard_unaligned_turn_ratio",
+                        "guard_missing_reward_ratio", "guard_stale_lag", "guard_stale_token_ratio",
+                        "guard_abort_ratio", "guard_store_failure_ratio")
+
+
+def add_config_args(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    """``--field-name`` flags for GatewayConfig fields: default, type and help from the dataclass."""
+    import dataclasses
+
+    from rlgate.config import GatewayConfig
+
+    fields = {f.name: f for f in dataclasses.fields(GatewayConfig)}
+    for name in names:
+        f = fields[name]
+        flag = "--" + name.replace("_", "-")
+        help_text = f.metadata.get("help", "")
+        if isinstance(f.default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+        else:
+            kind = type(f.default) if f.default is not None else int
+            p.add_argument(flag, type=kind, default=f.default, help=f"{help_text} (default: {f.default})")
+
+
+def config_values(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, Any]:
+    return {n: getattr(args, n) for n in names}
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -160,8 +195,10 @@ def gateway_config(args: argparse.Namespace, admin_key: str) -> Any:
         max_stop_sequences=args.max_stop_sequences,
         max_body_bytes=args.max_body_bytes,
         retain_exported=args.retain_exported,
+        stream_keepalive_interval=args.stream_keepalive_interval,
         shutdown_timeout=args.shutdown_timeout,
         cors_origins=list(args.cors_origin),
+        **config_values(args, OBSERVABILITY_FIELDS),
     )
 
 
@@ -302,7 +339,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return run_scripted_demo(Path(args.out), seed=args.seed)
     from rlgate.demo.rl import run_demo
 
-    return run_demo(Path(args.out), task=args.task, seed=args.seed, steps=args.steps, port=args.port)
+    return run_demo(Path(args.out), task=args.task, seed=args.seed, steps=args.steps, port=args.port,
+                    metrics_port=args.metrics_port, pushgateway=args.pushgateway,
+                    gateway_metrics_port=args.gateway_metrics_port)
 
 
 def _train_logging() -> None:
@@ -344,6 +383,34 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    help="port of the in-process gateway on 127.0.0.1 (default: gateway.port, else a free one)")
 
 
+# --------------------------------------------------------------------------- view
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    _offline_env()
+    from rlgate.ui.files import find_tokenizer
+    from rlgate.ui.static_export import write_view
+
+    tok_dir = Path(args.tokenizer) if args.tokenizer else find_tokenizer(args.paths)
+    tokenizer = None
+    if tok_dir is not None and not args.no_text:
+        from rlgate.model import load_tokenizer
+
+        tokenizer = load_tokenizer(str(tok_dir))
+        print(f"token text from the tokenizer in {tok_dir}")
+    elif not args.no_text:
+        print("no tokenizer found (pass --tokenizer DIR): tokens are shown as ids")
+    try:
+        out, run = write_view(args.paths, args.out, tokenizer=tokenizer, title=args.title,
+                              max_sessions=args.max_sessions, stale_lag=args.stale_lag)
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        raise SystemExit(f"rlgate view: {exc}") from exc
+    turns = sum(len(ep.turns) for ep in run.episodes)
+    more = f" ({run.omitted} more left out: --max-sessions)" if run.omitted else ""
+    print(f"wrote {out}: {len(run.episodes)} sessions, {turns} turns, {len(run.groups())} groups{more}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     fmt = HelpFormatter
     parser = argparse.ArgumentParser(prog="rlgate", description=__doc__, formatter_class=fmt)
@@ -365,6 +432,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the task's tuned value)")
     p.add_argument("--scripted", action="store_true", help="only a short scripted session, no training")
     p.add_argument("--port", type=int, default=None, help="the demo gateway's port on 127.0.0.1 (default: a free one)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve the per-step training metrics (Prometheus) on this port")
+    p.add_argument("--pushgateway", default=None, help="also push them to this Prometheus Pushgateway URL")
+    p.add_argument("--gateway-metrics-port", type=int, default=None,
+                   help="serve the demo gateway's /metrics (guards included) without a key on this port")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("train", help="GRPO on any Hugging Face checkpoint (docs/training.md)", formatter_class=fmt)
@@ -393,6 +465,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N items")
     p.add_argument("--out", default=None, help="JSON report path (default: OUT_DIR/eval-<checkpoint>.json)")
     p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("view", help="write the trajectory viewer for exported samples as one HTML file",
+                       formatter_class=fmt)
+    p.add_argument("paths", nargs="+", metavar="EXPORT",
+                   help="Parquet / JSONL samples (write_parquet, the demo's trajectories.parquet, saved "
+                   "/export_trajectories responses) or a directory of them (per-step dumps)")
+    p.add_argument("--out", required=True, help="the HTML file to write (self-contained, opens offline)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory for token text (default: a model/ or "
+                   "final/ directory next to the data, or the model of a training run's config.yaml)")
+    p.add_argument("--no-text", action="store_true", help="show token ids only (no tokenizer)")
+    p.add_argument("--max-sessions", type=int, default=1000,
+                   help="sessions to include (the first N; 200 tool-calling sessions make ~14 MB)")
+    p.add_argument("--stale-lag", type=int, default=4, help="flag tokens more than N versions behind")
+    p.add_argument("--title", default=None)
+    p.set_defaults(func=cmd_view)
 
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

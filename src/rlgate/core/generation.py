@@ -19,12 +19,12 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlgate.chat.conversation import DigestChain, Message, tools_digest
 from rlgate.chat.output import ContentDelta, OutputAssembler, OutputEvent, ReasoningDelta, openai_call_id
-from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser
+from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser, unparsed_tool_blocks
 from rlgate.chat.render import BridgeError, ChatRenderer, TemplateError
 from rlgate.config import GatewayConfig
 from rlgate.core.limits import check_request_limits
@@ -32,7 +32,9 @@ from rlgate.core.request import ChatRequest
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
 from rlgate.errors import ContextLengthExceeded, InvalidRequest, Unavailable, UpstreamError
+from rlgate.metrics.gateway import GatewayMetrics, GenerationOutcome
 from rlgate.store.base import StoreError
+from rlgate.trajectory.flags import is_empty_reply
 from rlgate.trajectory.interaction import Interaction, Session
 from rlgate.trajectory.tree import find_parent
 
@@ -49,9 +51,12 @@ class Prepared:
     api: str
     prompt_ids: list[int]
     sampling: SamplingParams
-    interaction: Interaction | None  # None when store=False
+    interaction: Interaction  # recorded whatever the client's store flag says
     call_id: Callable[[], str]
     chain: DigestChain  # digest of the request messages; + reply = the interaction's prefix key
+    received_at: float = field(default_factory=time.perf_counter)  # for the latency metrics
+    streamed: bool = True  # complete() sets False (metrics label)
+    reported: bool = False  # the outcome went to the metrics (once per run)
 
 
 @dataclass
@@ -79,8 +84,10 @@ class GenerationService:
         tokenizer: Any,
         sessions: SessionManager,
         stop_token_ids: list[int],
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.config = config
+        self.metrics = metrics if metrics is not None else sessions.gateway_metrics
         self.engine = engine
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
@@ -157,16 +164,14 @@ class GenerationService:
         id_prefix: str,
         call_id: Callable[[], str] = openai_call_id,
     ) -> Prepared:
+        received_at = time.perf_counter()
         self.sessions.require_generating(session)
         if not req.messages:
             raise InvalidRequest("messages must contain at least one message", param="messages")
         prompt, interaction, chain = self.build_prompt(session, req)
         ctx = self.context_length
         if len(prompt) >= ctx:
-            raise ContextLengthExceeded(
-                f"the prompt is {len(prompt)} tokens; this model's context is {ctx} tokens",
-                param="messages",
-            )
+            raise ContextLengthExceeded(prompt_tokens=len(prompt), limit=ctx, param="messages")
         max_new = ctx - len(prompt)
         max_new = min(max_new, req.max_tokens if req.max_tokens is not None else self.config.default_max_tokens)
         if self.config.max_tokens_cap is not None:
@@ -177,7 +182,7 @@ class GenerationService:
                 raise ContextLengthExceeded(
                     f"max_total_tokens={req.max_total_tokens} leaves no room after the "
                     f"{len(prompt)}-token prompt",
-                    param="max_total_tokens",
+                    prompt_tokens=len(prompt), limit=req.max_total_tokens, param="max_total_tokens",
                 )
         try:
             sampling = SamplingParams(
@@ -200,18 +205,25 @@ class GenerationService:
             "seed": req.seed,
             "max_new_tokens": max_new,
         }
-        return Prepared(session, req, interaction_id, api, prompt, sampling,
-                        interaction if req.store else None, call_id, chain)
+        interaction.client_store = req.store
+        return Prepared(session, req, interaction_id, api, prompt, sampling, interaction, call_id, chain,
+                        received_at)
 
     # ------------------------------------------------------------------ run
 
+    def _tool_parser_name(self, p: Prepared) -> str | None:
+        """The tool parser that runs for this request (None: tool parsing is off)."""
+        if p.request.tools and p.request.tool_choice != "none" and self.config.tool_parser:
+            return self.config.tool_parser
+        return None
+
     def _assembler(self, p: Prepared) -> OutputAssembler:
-        parse_tools = bool(p.request.tools) and p.request.tool_choice != "none" and self.config.tool_parser
+        parser = self._tool_parser_name(p)
         return OutputAssembler(
             self.tokenizer,
             stop_token_ids=self.stop_token_ids,
             stop_strings=p.request.stop,
-            tool_parser=get_tool_parser(self.config.tool_parser) if parse_tools else None,  # type: ignore[arg-type]
+            tool_parser=get_tool_parser(parser) if parser else None,
             reasoning_parser=get_reasoning_parser(self.config.reasoning_parser) if self.config.reasoning_parser else None,
             call_id=p.call_id,
         )
@@ -226,14 +238,16 @@ class GenerationService:
         versions: list[int] = []
         engine_finish: str | None = None
         final: Finished | None = None
+        first_token_at: float | None = None
         stream = self.engine.stream(
             GenerateRequest(p.prompt_ids, p.sampling, request_id=p.interaction_id, session_id=p.session.id)
         )
-        if p.interaction is not None:
-            self.sessions.add_interaction(p.session, p.interaction)
+        self.sessions.add_interaction(p.session, p.interaction)
         p.session.in_flight += 1
         try:
             async for delta in stream:
+                if first_token_at is None and delta.token_ids:
+                    first_token_at = time.perf_counter()
                 events: list[Any] = []
                 for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions, strict=True):
                     ids.append(tok)
@@ -252,21 +266,21 @@ class GenerationService:
                     break
             for ev in assembler.finish():
                 yield ev
-            final = self._record(p, assembler, ids, logprobs, versions, engine_finish)
+            final = self._record(p, assembler, ids, logprobs, versions, engine_finish, first_token_at)
         except EngineError as exc:
-            self._fail(p, f"engine error: {exc.message}")
+            self._fail(p, f"engine error: {exc.message}", len(ids), first_token_at)
             raise UpstreamError(exc.message, status=exc.status, code=exc.code) from exc
         except ValueError as exc:  # zip(strict=True): an engine broke its own contract
-            self._fail(p, f"malformed engine output: {exc}")
+            self._fail(p, f"malformed engine output: {exc}", len(ids), first_token_at)
             raise UpstreamError(f"malformed engine output: {exc}") from exc
         except Exception as exc:
-            self._fail(p, f"internal error: {exc!r}")
+            self._fail(p, f"internal error: {exc!r}", len(ids), first_token_at)
             raise
         finally:
             await _close_quietly(stream)  # aborts the engine request if it is still running
-            if final is None and p.interaction is not None and p.interaction.status == "pending":
+            if final is None and not p.reported:
                 # The consumer went away (disconnect / cancellation): keep what was generated.
-                self._record(p, assembler, ids, logprobs, versions, "abort")
+                self._record(p, assembler, ids, logprobs, versions, "abort", first_token_at)
             p.session.in_flight -= 1
         try:  # the final event (finish reason, usage) is sent only once the interaction is on disk
             await self.sessions.store.wait_durable()
@@ -274,9 +288,22 @@ class GenerationService:
             raise Unavailable(str(exc), code="store_unavailable") from exc
         yield final
 
-    def _fail(self, p: Prepared, error: str) -> None:
-        if p.interaction is not None and p.interaction.status == "pending":
+    def _fail(self, p: Prepared, error: str, generated: int, first_token_at: float | None) -> None:
+        if p.interaction.status == "pending":
             self.sessions.fail_interaction(p.session, p.interaction, error)
+        self._report(p, GenerationOutcome(
+            api=p.api, streamed=p.streamed, finish_reason="error", prompt_tokens=len(p.prompt_ids),
+            completion_tokens=generated, ttft_s=None, total_s=0.0), first_token_at)
+
+    def _report(self, p: Prepared, outcome: GenerationOutcome, first_token_at: float | None) -> None:
+        """Hand the outcome to the metrics and guards, once per run."""
+        if p.reported:
+            return
+        p.reported = True
+        now = time.perf_counter()
+        outcome.total_s = now - p.received_at
+        outcome.ttft_s = first_token_at - p.received_at if first_token_at is not None else None
+        self.metrics.record_generation(outcome)
 
     def _record(
         self,
@@ -286,6 +313,7 @@ class GenerationService:
         logprobs: list[float],
         versions: list[int],
         engine_finish: str | None,
+        first_token_at: float | None = None,
     ) -> Finished:
         out = assembler.result
         kept = assembler.kept_tokens
@@ -301,7 +329,7 @@ class GenerationService:
             finish = "tool_calls"
         message = out.to_message()
         inter = p.interaction
-        if inter is not None and inter.status == "pending":
+        if inter.status == "pending":
             inter.output_ids = ids[:kept]
             inter.output_logprobs = logprobs[:kept]
             inter.output_versions = versions[:kept]
@@ -310,6 +338,15 @@ class GenerationService:
             inter.output_message = message
             inter.prefix_key = p.chain.copy().add(message).hexdigest()
             self.sessions.complete_interaction(p.session, inter)
+        parser = self._tool_parser_name(p)
+        text = out.content
+        self._report(p, GenerationOutcome(
+            api=p.api, streamed=p.streamed, finish_reason=finish, prompt_tokens=len(p.prompt_ids),
+            completion_tokens=kept, ttft_s=None, total_s=0.0, parser=parser, tool_calls=len(out.tool_calls),
+            parse_failures=unparsed_tool_blocks(text, parser) if parser else 0,
+            unparsed_markup=unparsed_tool_blocks(text), empty=is_empty_reply(message),
+            relation=inter.relation if inter is not None else None,
+            fork_reason=inter.fork_reason if inter is not None else None), first_token_at)
         return Finished(
             interaction_id=p.interaction_id,
             content=out.content,
@@ -326,6 +363,7 @@ class GenerationService:
     async def complete(self, p: Prepared) -> Finished:
         """Run to the end and return only the final result (non-streaming surfaces)."""
         final: Finished | None = None
+        p.streamed = False
         async for ev in self.run(p):
             if isinstance(ev, Finished):
                 final = ev

@@ -87,8 +87,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_gateway(model_dir: Path, admin_key: str, log_path: Path, port: int | None = None
-                   ) -> tuple[subprocess.Popen, str]:
+def _start_gateway(model_dir: Path, admin_key: str, log_path: Path, port: int | None = None,
+                   metrics_port: int | None = None) -> tuple[subprocess.Popen, str]:
     import httpx
 
     if port:
@@ -97,10 +97,11 @@ def _start_gateway(model_dir: Path, admin_key: str, log_path: Path, port: int | 
         check_port_free(port)
     port = port or _free_port()
     log_file = log_path.open("w")
+    extra = ["--metrics-port", str(metrics_port)] if metrics_port is not None else []
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(model_dir), "--engine", "local",
          "--host", "127.0.0.1", "--port", str(port), "--capacity-mode", "granted", "--log-level", "warning",
-         "--model-name", "tiny-policy", "--store", ":memory:"],
+         "--model-name", "tiny-policy", "--store", ":memory:", *extra],
         env={**os.environ, "RLGATE_ADMIN_KEY": admin_key},  # not on the command line (ps shows argv)
         stdout=log_file, stderr=subprocess.STDOUT,
     )
@@ -141,8 +142,9 @@ class DemoHooks(Hooks):
     accuracy every ``eval_every`` steps, a progress bar, the trained samples, the outputs."""
 
     def __init__(self, task: str, heldout: list[dict[str, Any]], settings: DemoSettings, console: Any,
-                 model_dir: Path) -> None:
+                 model_dir: Path, exporter: Any = None) -> None:
         self.task, self.heldout, self.settings, self.console, self.model_dir = task, heldout, settings, console, model_dir
+        self.exporter = exporter  # train/telemetry.py StepExporter (--metrics-port / --pushgateway), or None
         self.samples: list[Any] = []
         self.evals: list[tuple[int, float]] = []
         self.before: dict[str, float] = {}
@@ -182,6 +184,8 @@ class DemoHooks(Hooks):
             self.last_acc = await self.accuracy(run)
             self.evals.append((step, self.last_acc))
         m = result.metrics
+        if self.exporter is not None:
+            await self.exporter.step(step, {**m, "eval_accuracy": self.last_acc}, run.state.version)
         tps = m["generated_tokens"] / max(m["rollout_s"], 1e-9)
         self.progress.update(self.bar, advance=1, description=(
             f"step {step}  reward {m['reward']:.2f}  acc {self.last_acc:.1%}  {tps:,.0f} tok/s"))
@@ -210,13 +214,13 @@ class DemoHooks(Hooks):
 
 
 async def _train(url: str, admin_key: str, model_dir: Path, out: Path, task: str, split: Any,
-                 settings: DemoSettings, seed: int, console: Any) -> dict[str, Any]:
+                 settings: DemoSettings, seed: int, console: Any, exporter: Any = None) -> dict[str, Any]:
     from rlgate.client import GatewayClient
     from rlgate.train.run import run_training
 
     write_jsonl(split.train, out / f"{task}-train.jsonl")
     cfg = demo_config(task, settings, model_dir=model_dir, out=out, url=url, admin_key=admin_key, seed=seed)
-    hooks = DemoHooks(task, split.heldout[: settings.eval_items], settings, console, model_dir)
+    hooks = DemoHooks(task, split.heldout[: settings.eval_items], settings, console, model_dir, exporter)
     result = await run_training(cfg, hooks, stdout=False)
     history = _read_history(out)
     async with GatewayClient(url, admin_key) as client:
@@ -251,7 +255,8 @@ def _read_history(out: Path) -> list[dict[str, float]]:
 
 
 def run_demo(out: Path, *, task: str = "math", seed: int = 0, steps: int | None = None,
-             overrides: dict[str, Any] | None = None, port: int | None = None) -> int:
+             overrides: dict[str, Any] | None = None, port: int | None = None, metrics_port: int | None = None,
+             pushgateway: str | None = None, gateway_metrics_port: int | None = None) -> int:
     from rich.console import Console
 
     console = Console()
@@ -283,11 +288,21 @@ def run_demo(out: Path, *, task: str = "math", seed: int = 0, steps: int | None 
     # SIGTERM ends the demo like Ctrl+C does: through the `finally` that stops the gateway
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    proc, url = _start_gateway(warm_dir, admin_key, out / "gateway.log", port)
+    proc, url = _start_gateway(warm_dir, admin_key, out / "gateway.log", port, gateway_metrics_port)
     console.print(f"gateway on {url} (local engine, weights from {warm_dir.name})")
+    exporter = None
+    if metrics_port is not None or pushgateway:
+        from rlgate.train.telemetry import MetricsSettings, StepExporter
+
+        exporter = StepExporter(MetricsSettings(port=metrics_port, pushgateway=pushgateway, job="rlgate-demo"))
+        console.print(f"training metrics: {exporter.url or pushgateway}"
+                      + (f"; gateway metrics: http://127.0.0.1:{gateway_metrics_port}/metrics"
+                         if gateway_metrics_port is not None else ""))
     try:
-        result = asyncio.run(_train(url, admin_key, warm_dir, out, task, split, settings, seed, console))
+        result = asyncio.run(_train(url, admin_key, warm_dir, out, task, split, settings, seed, console, exporter))
     finally:
+        if exporter is not None:
+            exporter.close()
         proc.terminate()
         try:
             proc.wait(30)

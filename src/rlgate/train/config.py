@@ -102,7 +102,10 @@ class GatewaySettings(_Strict):
     tool_parser: str | None = Field(default="hermes", description="in-process: tool-call parser (None: off)")
     reasoning_parser: str | None = Field(default=None, description="in-process: reasoning parser, e.g. 'think'")
     trajectory_mode: Literal["token_exact", "rerender"] = Field(default="token_exact", description="in-process")
-    context_length: int | None = Field(default=None, ge=1, description="in-process: None: the model's")
+    context_length: int | None = Field(default=None, ge=1, description="in-process: None: the model's; raise it "
+                                       "to serve long agent prompts (RoPE)")
+    max_tokens_cap: int | None = Field(default=None, ge=1, description="in-process: hard cap on generated tokens "
+                                       "per call (agents ask for 32k+)")
     device: str | None = Field(default=None, description="in-process engine's device (None: cuda if available)")
 
 
@@ -123,6 +126,16 @@ class RaySettings(_Strict):
                                     description="each episode's Ray resource request, e.g. {num_cpus: 1}")
     data_dir: str | None = Field(default=None, description="replicas' stores (default out_dir/replicas; "
                                  "must exist on each node)")
+
+
+class MetricsSettings(_Strict):
+    """Per-step training metrics for Prometheus (train/telemetry.py)."""
+
+    port: int | None = Field(default=None, ge=0, le=65535, description="serve GET /metrics on this port "
+                             "(0: any free port; with the in-process gateway, its metrics too)")
+    host: str = Field(default="127.0.0.1", description="address of that bind")
+    pushgateway: str | None = Field(default=None, description="Pushgateway URL to push to after every step")
+    job: str = Field(default="rlgate-train", description="Pushgateway job name")
 
 
 class TrackingSettings(_Strict):
@@ -162,6 +175,7 @@ class TrainConfig(_Strict):
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     ray: RaySettings | None = Field(default=None, description="run rollouts (and, with replicas, the gateway) "
                                     "on Ray; None: no Ray")
 

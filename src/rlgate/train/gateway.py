@@ -37,6 +37,7 @@ class OpenGateway:
     tokenizer: Any = None  # in-process: the tokenizer the gateway renders with
     cluster: Any = None  # rlgate.cluster.launch.Cluster of the replicas (ray.replicas)
     remote: bool = False  # a running gateway (gateway.url): a resumed run must push its weights there
+    registries: tuple[Any, ...] = ()  # in-process: the gateway's Prometheus registry (served with the run's)
 
 
     @property
@@ -140,14 +141,16 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) -> 
     app = create_app(
         GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
                       reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
-                      context_length=cfg.gateway.context_length, model_name=tokenizer_dir.resolve().name),
+                      context_length=cfg.gateway.context_length, max_tokens_cap=cfg.gateway.max_tokens_cap,
+                      model_name=tokenizer_dir.resolve().name),
         engine, MemoryStore(), tokenizer, stop_token_ids=stop_token_ids(tokenizer, tokenizer_dir))
     server = ServerThread(app, port=cfg.gateway.port or 0)
     try:
         url = server.start()
     except RuntimeError as exc:
         raise RunError(f"gateway: the in-process gateway did not start ({exc})") from None
-    return OpenGateway(GatewayClient(url, admin_key), ColocatedSync(engine), server, tokenizer)
+    return OpenGateway(GatewayClient(url, admin_key), ColocatedSync(engine), server, tokenizer,
+                       registries=(app.state.gateway.metrics.registry,))
 
 
 async def _start_replicas(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) -> tuple[Any, GatewayClient]:
@@ -163,7 +166,8 @@ async def _start_replicas(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) 
         model=str(tokenizer_dir.resolve()),
         config=GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
                              reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
-                             context_length=cfg.gateway.context_length, model_name=tokenizer_dir.resolve().name),
+                             context_length=cfg.gateway.context_length, max_tokens_cap=cfg.gateway.max_tokens_cap,
+                             model_name=tokenizer_dir.resolve().name),
         engine=LocalEngineSpec(str(weights.resolve()), device=cfg.gateway.device,
                                max_context_length=cfg.gateway.context_length),
         host=cfg.ray.replica_host,

@@ -11,7 +11,7 @@ plus optional :class:`Hooks`. Top to bottom:
 3. **trainer** — the model (from the latest checkpoint when resuming), the optimiser
    state, the KL reference;
 4. **loop** — :func:`~rlgate.train.grpo.grpo_loop`; after each step: trackers (stdout,
-   metrics.jsonl, TensorBoard, W&B, MLflow), optional trajectory dump, evaluation every
+   metrics.jsonl, TensorBoard, W&B, MLflow; Prometheus with ``metrics:``), optional trajectory dump, evaluation every
    ``eval_every`` steps, checkpoint every ``checkpoint_every`` (keeping the last
    ``keep_checkpoints``), the hooks;
 5. **end** — final checkpoint, evaluation, reward curve. Ctrl-C (SIGINT) stops the loop,
@@ -218,6 +218,7 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
 
     from rlgate.train.gateway import open_gateway
     from rlgate.train.grpo import GRPOTrainer, LoopState, grpo_loop
+    from rlgate.train.telemetry import StepExporter
 
     hooks = hooks or Hooks()
     # ------------------------------------------------------------------ 1. prepare
@@ -241,6 +242,7 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
     weights = ckpt or prep.model
     gw = await open_gateway(cfg, weights, prep.model)
     trackers = None
+    exporter = None
     runner = None
     try:
         # -------------------------------------------------------------- 3. trainer
@@ -259,6 +261,9 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
                 await gw.sync.push(trainer.model)  # the remote gateway must serve the resumed weights
         runner = make_runner(cfg, gw.client, prep.agent, prep.reward_fn)
         trackers = Trackers(cfg, out, cfg.steps, stdout=stdout, start_step=state.step)
+        exporter = StepExporter(cfg.metrics, extra_registries=gw.registries)
+        if exporter.url and stdout is not False:
+            print(f"metrics: {exporter.url}", flush=True)
         run = TrainRun(cfg, out, trainer, runner, gw.client, gw.sync, state, trackers, prep.eval_data, prep.model)
         run.last_checkpoint = ckpt
         state.version = (await gw.client.health())["version"]
@@ -279,6 +284,8 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
                 run.checkpoint()
                 run.plot()
             await _call(hooks.on_step(run, result))
+            last_eval = {"eval_reward": run.evals[-1][1]} if run.evals else {}
+            await exporter.step(st.step, {**result.metrics, **last_eval}, st.version)  # Prometheus (`metrics:`)
 
         remaining = max(0, cfg.steps - state.step)
         try:
@@ -299,6 +306,8 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
     finally:
         if trackers is not None:
             trackers.close()
+        if exporter is not None:
+            exporter.close()
         if runner is not None:
             await runner.aclose()
         await gw.close()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlgate.chat.conversation import message_to_openai
+from rlgate.trajectory.flags import reply_flags
 from rlgate.trajectory.interaction import Interaction
 from rlgate.trajectory.sample import Sample
 from rlgate.trajectory.tree import chain_of, children_map, discounted_rewards
@@ -29,6 +30,7 @@ def _base(i: Interaction, task_id: str) -> dict[str, Any]:
         "task_id": task_id,
         "parent_id": i.parent_id,
         "relation": i.relation,
+        "fork_reason": i.fork_reason,
         "api": i.api,
         "finish_reason": i.finish_reason,
         "messages": [message_to_openai(m) for m in i.messages],
@@ -46,6 +48,7 @@ def individual_sample(i: Interaction, reward: float | None, task_id: str = "") -
         logprobs=[0.0] * p + list(i.output_logprobs),
         versions=[-1] * p + list(i.output_versions),
         reward=reward,
+        flags=reply_flags(i) + (["no_reward"] if reward is None else []),
     )
 
 
@@ -63,7 +66,9 @@ def concat_sample(chain: list[Interaction], rewards: dict[str, float | None], ta
     lps = [0.0] * n
     vers = [-1] * n
     unaligned = 0
+    flags: list[str] = []
     for turn in chain:
+        flags += [f for f in reply_flags(turn) if f not in flags]
         start = len(turn.prompt_ids)
         end = start + len(turn.output_ids)
         if turn is not leaf and (end > n or ids[:start] != turn.prompt_ids or ids[start:end] != turn.output_ids):
@@ -81,6 +86,7 @@ def concat_sample(chain: list[Interaction], rewards: dict[str, float | None], ta
         versions=vers,
         reward=rewards.get(leaf.id),
         turn_rewards=[rewards.get(t.id) for t in chain],
+        flags=flags + (["no_reward"] if rewards.get(leaf.id) is None else []) + (["unaligned"] if unaligned else []),
     )
     return sample, unaligned
 

@@ -30,6 +30,7 @@ class Sample:
     task_id: str = ""  # the session's task id (the rollout runner uses the GRPO group id)
     parent_id: str | None = None  # interaction this one extends (token-exact prefix), if any
     relation: str = "root"  # "root" | "extend" | "fork"
+    fork_reason: str | None = None  # why a fork started a new branch (None unless relation == "fork")
     api: str = "chat"  # surface that served it: "chat" | "responses" | "messages"
     finish_reason: str | None = None  # of the (leaf) interaction: stop | length | tool_calls | abort
     messages: list[dict[str, Any]] = field(default_factory=list)  # request messages, OpenAI chat form
@@ -37,6 +38,8 @@ class Sample:
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, ... as served
     chain: list[str] | None = None  # concat only: interaction ids root -> leaf
     turn_rewards: list[float | None] | None = None  # concat only: discounted reward of each chain interaction
+    flags: list[str] = field(default_factory=list)  # silent-failure flags (trajectory/flags.py): empty_reply,
+    # unparsed_tool_call, aborted, fork, no_reward, unaligned (concat: of any turn of the chain)
     # ---- provenance set by the rollout runner and the trainer (None in a plain export)
     group_id: str | None = None  # the GRPO group (rollout runner)
     episode: int | None = None  # the episode's index within its group (rollout runner)
