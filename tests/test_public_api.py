@@ -41,7 +41,7 @@ def test_every_public_module_is_reexported():
                                                "AgentError", "RunError", "TooManyFailures", "FinishedEpisode",
                                                "Sample"}),
                       (rlgate.train.config, {"DatasetSource", "RolloutSettings", "GatewaySettings",
-                                             "TrackingSettings", "RunError"}),
+                                             "TrackingSettings", "RaySettings", "MetricsSettings", "RunError"}),
                       (rlgate.train.run, {"Prepared", "Trackers", "ConfigError", "TrainConfig", "RunError"})):
         public = {n for n, o in vars(mod).items() if inspect.isclass(o) and not n.startswith("_")
                   and o.__module__ == mod.__name__}

@@ -67,6 +67,26 @@ def test_the_ray_section_is_strict_and_checked_against_the_gateway(tmp_path):
     assert load_config(p, ["ray.replicas=0"]).gateway.url == "http://h:1"  # episodes on Ray, a running gateway
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # a local Ray cluster, a replica with its own engine, torch: minutes on a loaded machine
+def test_train_on_ray_replicas_with_episodes_as_ray_tasks(work):
+    pytest.importorskip("ray")
+    marks = work / "marks"
+    marks.mkdir()
+    with (work / "ray.jsonl").open("w") as f:
+        for a in range(10, 18):
+            f.write(json.dumps({"question": f"Which is larger, {a} or {a + 3}?", "marks": str(marks)}) + "\n")
+    config = base_config(dataset="ray.jsonl", agent="agents:RayTaskAgent",
+                         ray={"replicas": 1, "num_cpus": 4, "episode": {"num_cpus": 1}})
+    r = rlgate(work, "train", "--config", "cfg.yaml", config=config, timeout=3000)
+    assert r.code == 0, r.text
+    result = json.loads(r.out.strip().splitlines()[-1])
+    assert result["steps"] == 1 and result["version"] == 1  # the step's weights reached the replica (router)
+    assert len(list(marks.iterdir())) >= 4  # every episode of the step ran as a Ray task (2 groups x 2)
+    assert (work / "run" / "replicas").is_dir()  # the replica's durable store
+    assert (work / "run" / "checkpoints" / "latest").read_text() == "step-000001"
+
+
 def test_suggestions_cover_typos_sections_and_other_trainers_names():
     assert suggest("learning_rate", "grpo") == "grpo.lr"
     assert suggest("groupsize", "rollout") == "rollout.group_size"

@@ -40,6 +40,18 @@ class LengthAgent:
         return float(len(await _ask(data, base_url, api_key, http_client)) % 2)
 
 
+class RayTaskAgent(LengthAgent):
+    """A LengthAgent that leaves a file named by its Ray task id in data["marks"] (rollout mode ray)."""
+
+    async def run(self, data, *, base_url, api_key, http_client=None):
+        import pathlib
+
+        import ray
+
+        pathlib.Path(data["marks"], ray.get_runtime_context().get_task_id()).touch()
+        return await super().run(data, base_url=base_url, api_key=api_key, http_client=http_client)
+
+
 class CrashingAgent:
     async def run(self, data, *, base_url, api_key, http_client=None):
         await _ask(data, base_url, api_key, http_client)
