@@ -338,6 +338,9 @@ class GenerationService:
             inter.output_message = message
             inter.prefix_key = p.chain.copy().add(message).hexdigest()
             self.sessions.complete_interaction(p.session, inter)
+        log.debug("session %s turn %s: %s, %d prompt + %d generated tokens, finish %s (%s)", p.session.id,
+                  p.interaction_id, inter.relation if inter is not None else "-", len(p.prompt_ids), kept, finish,
+                  stop_kind)
         parser = self._tool_parser_name(p)
         text = out.content
         self._report(p, GenerationOutcome(
