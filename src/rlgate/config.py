@@ -32,6 +32,7 @@ class GatewayConfig:
     retain_exported: float = 0.0  # seconds to keep an exported session for audit (0: drop at export)
     shutdown_timeout: float = 30.0  # SIGTERM: seconds in-flight requests get to finish before being aborted
     cors_origins: list[str] = field(default_factory=list)  # empty: no CORS headers at all
+    stream_keepalive_interval: float = 10.0  # seconds without a streamed event before a keep-alive (0: never)
     image_placeholder: str = "<image>"  # informational: what text-only templates render for an image
 
     # ---- metrics, silent-failure guards and the viewer (docs/operations.md, "Metrics and guards")

@@ -52,7 +52,7 @@ class Prepared:
     api: str
     prompt_ids: list[int]
     sampling: SamplingParams
-    interaction: Interaction | None  # None when store=False
+    interaction: Interaction  # recorded whatever the client's store flag says
     call_id: Callable[[], str]
     chain: DigestChain  # digest of the request messages; + reply = the interaction's prefix key
     received_at: float = field(default_factory=time.perf_counter)  # for the latency metrics
@@ -181,10 +181,7 @@ class GenerationService:
         prompt, interaction, chain = self.build_prompt(session, req)
         ctx = self.context_length
         if len(prompt) >= ctx:
-            raise ContextLengthExceeded(
-                f"the prompt is {len(prompt)} tokens; this model's context is {ctx} tokens",
-                param="messages",
-            )
+            raise ContextLengthExceeded(prompt_tokens=len(prompt), limit=ctx, param="messages")
         max_new = ctx - len(prompt)
         max_new = min(max_new, req.max_tokens if req.max_tokens is not None else self.config.default_max_tokens)
         if self.config.max_tokens_cap is not None:
@@ -195,7 +192,7 @@ class GenerationService:
                 raise ContextLengthExceeded(
                     f"max_total_tokens={req.max_total_tokens} leaves no room after the "
                     f"{len(prompt)}-token prompt",
-                    param="max_total_tokens",
+                    prompt_tokens=len(prompt), limit=req.max_total_tokens, param="max_total_tokens",
                 )
         try:
             sampling = SamplingParams(
@@ -218,8 +215,9 @@ class GenerationService:
             "seed": req.seed,
             "max_new_tokens": max_new,
         }
-        return Prepared(session, req, interaction_id, api, prompt, sampling,
-                        interaction if req.store else None, call_id, chain, received_at)
+        interaction.client_store = req.store
+        return Prepared(session, req, interaction_id, api, prompt, sampling, interaction, call_id, chain,
+                        received_at)
 
     # ------------------------------------------------------------------ run
 
@@ -261,8 +259,7 @@ class GenerationService:
         stream = self.engine.stream(
             GenerateRequest(p.prompt_ids, p.sampling, request_id=p.interaction_id, session_id=p.session.id)
         )
-        if p.interaction is not None:
-            self.sessions.add_interaction(p.session, p.interaction)
+        self.sessions.add_interaction(p.session, p.interaction)
         p.session.in_flight += 1
         try:
             async for delta in stream:
@@ -309,7 +306,7 @@ class GenerationService:
         yield final
 
     def _fail(self, p: Prepared, error: str, generated: int, first_token_at: float | None) -> None:
-        if p.interaction is not None and p.interaction.status == "pending":
+        if p.interaction.status == "pending":
             self.sessions.fail_interaction(p.session, p.interaction, error)
         self._report(p, GenerationOutcome(
             api=p.api, streamed=p.streamed, finish_reason="error", prompt_tokens=len(p.prompt_ids),
@@ -349,7 +346,7 @@ class GenerationService:
             finish = "tool_calls"
         message = out.to_message()
         inter = p.interaction
-        if inter is not None and inter.status == "pending":
+        if inter.status == "pending":
             inter.output_ids = ids[:kept]
             inter.output_logprobs = logprobs[:kept]
             inter.output_versions = versions[:kept]
@@ -358,6 +355,9 @@ class GenerationService:
             inter.output_message = message
             inter.prefix_key = p.chain.copy().add(message).hexdigest()
             self.sessions.complete_interaction(p.session, inter)
+        log.debug("session %s turn %s: %s, %d prompt + %d generated tokens, finish %s (%s)", p.session.id,
+                  p.interaction_id, inter.relation if inter is not None else "-", len(p.prompt_ids), kept, finish,
+                  stop_kind)
         parser = self._tool_parser_name(p)
         text = out.content
         self._report(p, GenerationOutcome(
