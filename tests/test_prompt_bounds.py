@@ -244,3 +244,51 @@ def test_bridge_and_render_stay_exact_with_a_cache(tokenizer):
     assert cache.get("k") == a == renderer.assistant_suffix(tools, {}, "k", None)
     msgs = [Message.of("user", "hi")]
     assert renderer.render_ids(msgs, tools) == renderer.render_ids(msgs, tools, max_chars=10**6)
+
+
+@pytest.mark.parametrize("family", ["kimi_k2", "llama3", "gpt_oss"])
+async def test_bounds_cover_every_family_renderer(tmp_path, family, monkeypatch):
+    """The bounds sit in front of whichever renderer the model family brings (``renderers``-backed:
+    Kimi-K2, Llama 3; the checkpoint's Jinja template: gpt-oss): reserved kwargs refused, an
+    over-long prompt refused before the renderer runs, large prompts (first turn and bridged
+    turn) built on the render pool."""
+    from transformers import AutoTokenizer
+
+    from helpers import ADMIN_KEY
+    from rlgate.config import GatewayConfig
+    from rlgate.model import stop_token_ids
+    from rlgate.server.app import create_app
+    from rlgate.store.base import MemoryStore
+    from rlgate.testing.families import build_family_checkpoint
+
+    path = build_family_checkpoint(family, tmp_path)
+    tok = AutoTokenizer.from_pretrained(path)
+    app = create_app(GatewayConfig(admin_key=ADMIN_KEY), FakeEngine(tok, output_tokens=3, max_context_length=1024),
+                     MemoryStore(), tok, stop_token_ids=stop_token_ids(tok, path))
+    gen = app.state.gateway.generation
+    assert gen.family.name == family
+    calls: list[str] = []
+    for name in ("render_ids", "bridge_ids"):
+        real = getattr(gen.renderer, name)
+        monkeypatch.setattr(gen.renderer, name, lambda *a, _n=name, _f=real, **kw: calls.append(_n) or _f(*a, **kw))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as c:
+        _, key = await start_session(c)
+        r = await c.post("/v1/chat/completions", json=body_for("/v1/chat/completions", {"chat_template": "x"}),
+                         headers=key_headers(key))
+        assert r.status_code == 400 and r.json()["error"]["code"] == "reserved_template_kwarg", r.text
+        too_long = "x" * (gen.max_prompt_chars(1024) + 1)
+        r = await c.post("/v1/chat/completions", json=body_for("/v1/chat/completions", {}, content=too_long),
+                         headers=key_headers(key))
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+        assert calls == [], "the over-long prompt reached the renderer"
+
+        gen.inline_chars = 0  # every prompt counts as large: built on the pool
+        msgs = [{"role": "user", "content": "hi"}]
+        r = await c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 3}, headers=key_headers(key))
+        assert r.status_code == 200, r.text
+        msgs += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"] or ""},
+                 {"role": "user", "content": "again"}]
+        r = await c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 3}, headers=key_headers(key))
+        assert r.status_code == 200, r.text
+    assert gen.render_pool.submitted == 2
+    assert calls[0] == "render_ids" and len(calls) >= 2

@@ -11,8 +11,9 @@ class GatewayConfig:
     admin_key: str  # required for control routes; compared in constant time, never logged
     capacity_mode: Literal["unlimited", "granted"] = "unlimited"  # granted: only /grant_capacity admits
     trajectory_mode: Literal["token_exact", "rerender"] = "token_exact"  # default per session
-    tool_parser: str | None = "hermes"  # registry name; None disables tool-call parsing
-    reasoning_parser: str | None = None  # e.g. "think"; None leaves reasoning inside content
+    model_family: str | None = None  # chat/families name (--renderer); None: detected from the checkpoint
+    tool_parser: str | None = "auto"  # registry name; "auto": the model family's; None disables tool-call parsing
+    reasoning_parser: str | None = "auto"  # e.g. "think"; "auto": the family's; None leaves reasoning in content
     default_max_tokens: int = 512  # when a request sets no max tokens
     max_tokens_cap: int | None = None  # hard cap on generated tokens per request (None: context only)
     context_length: int | None = None  # None: the engine's max_context_length
@@ -31,6 +32,7 @@ class GatewayConfig:
     retain_exported: float = 0.0  # seconds to keep an exported session for audit (0: drop at export)
     shutdown_timeout: float = 30.0  # SIGTERM: seconds in-flight requests get to finish before being aborted
     cors_origins: list[str] = field(default_factory=list)  # empty: no CORS headers at all
+    stream_keepalive_interval: float = 10.0  # seconds without a streamed event before a keep-alive (0: never)
     image_placeholder: str = "<image>"  # informational: what text-only templates render for an image
     # ---- hardening (docs/operations.md "Limits", docs/security.md) ----
     allow_template_override: bool = field(default=False, metadata={"help": (

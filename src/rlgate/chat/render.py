@@ -1,4 +1,4 @@
-"""Messages to token ids, with the model's own chat template.
+"""Messages to token ids with the model's own Jinja chat template (the generic renderer).
 
 Two ways to build a prompt:
 
@@ -7,96 +7,57 @@ Two ways to build a prompt:
   ``rerender`` mode.
 * :meth:`ChatRenderer.bridge_ids` — the tokens that come *after* a parent turn's
   generated tokens (token-exact mode). The parent's prompt and output tokens are
-  reused verbatim; only the new messages are rendered, and they are rendered in
-  context so that turn separators come out exactly as the full template would
-  produce them (verl #6501 lost the separator at assistant -> tool boundaries).
+  reused verbatim; only the new messages are rendered, in context, so that turn
+  separators come out exactly as the full template writes them (verl #6501 lost the
+  separator at assistant -> tool boundaries).
 
-How the bridge is computed (``base`` is the leading system message if any, a
-placeholder user turn, and the parent's assistant message)::
+How the bridge is computed. The parent's reply is rendered with its text replaced by a
+sentinel (its tool calls kept, its reasoning dropped), after the leading system message
+and a placeholder user turn::
 
-    suffix   = what the template writes after an assistant message's content
-               (ChatML: "<|im_end|>\\n"), found once with a sentinel message
-    glue     = suffix minus the stop token's text if the parent ended with that
-               stop token (ChatML: "\\n"), else the whole suffix
-    new_text = render(base + new, add_generation_prompt)[len(render(base)):]
+    suffix   = what the template writes after an assistant message's text up to the end
+               of that turn (ChatML: "<|im_end|>\\n"), found once with the sentinel alone
+    full     = render(system? + [user, sentinel reply] + new, add_generation_prompt)
+    new_text = full after the first `suffix` that follows the sentinel
+    glue     = suffix minus the stop token's text if the parent ended with that stop
+               token (ChatML: "\\n"), else the whole suffix
     bridge   = encode(glue + new_text)
 
-so that ``child_prompt = parent_prompt + parent_output + bridge``. The rendering of
-the new messages only depends on a bounded context, so the cost of a turn does not
-grow with the length of the conversation. If a template does not render
-incrementally (``render(base + new)`` does not start with ``render(base)``),
-:class:`BridgeError` is raised and the caller starts a fresh rendering instead.
+so that ``child_prompt = parent_prompt + parent_output + bridge``. What the template does
+*before* the sentinel — dropping the reply's reasoning, writing an empty ``<think>`` block
+for the last assistant turn only (Qwen3), rewriting earlier turns — does not matter: only
+the text after the parent's turn is used. The cost of a turn does not depend on the length
+of the conversation. :class:`BridgeError` is raised only when the sentinel or the suffix
+cannot be found (a template that does not write assistant text verbatim).
 
-Bounds (issue 15)
------------------
-* ``max_chars``: a rendered text longer than this raises :class:`PromptTooLong` before it
-  is tokenized. The caller derives it from the context length and
-  :attr:`ChatRenderer.max_token_chars` (no token of the vocabulary covers more characters),
-  so a text over it cannot fit the context, whatever its tokenization.
-* Tokenization of a long text goes through the Rust tokenizer's batch call, which releases
-  the GIL, so that it can run on a worker thread while the event loop keeps serving.
-* :attr:`ChatRenderer.reserved_kwargs`: template kwargs that would override the renderer's
-  own arguments (``chat_template``, ``tokenize``, ``messages``, special tokens...). The
-  gateway refuses them from clients unless the operator allows it.
-* The assistant suffix is memoised in a :class:`~rlgate.chat.render_cache.RenderCache`
-  owned by the caller (one per session), never in the renderer.
+Bounds (issue 15, :mod:`rlgate.chat.prompt_bounds`): ``max_chars`` refuses a rendered text
+that cannot fit the context before it is tokenized (:class:`PromptTooLong`); long texts are
+tokenized with the GIL released (the caller runs them on a worker thread); the assistant
+suffix is memoised in a :class:`~rlgate.chat.render_cache.RenderCache` owned by the caller
+(one per session, bounded), never in the renderer; :attr:`ChatRenderer.reserved_kwargs` names
+the template kwargs a client must not set (``chat_template``...).
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from rlgate.chat.conversation import ImagePart, Message, TextPart, ToolSpec, canonical_json
+from rlgate.chat.families.base import BridgeError, ParentTurn, TemplateError
+from rlgate.chat.prompt_bounds import (
+    PromptTooLong,
+    check_chars,
+    encode,
+    max_token_chars,
+    reserved_template_kwargs,
+)
 from rlgate.chat.render_cache import RenderCache
+
+__all__ = ["BridgeError", "ChatRenderer", "PromptTooLong", "TemplateError", "message_to_template",
+           "max_token_chars", "reserved_template_kwargs"]
 
 _SENTINEL = "RLGATE_SENTINEL_7f3a"
 _PLACEHOLDER_USER = Message.of("user", "hi")
-
-
-class BridgeError(Exception):
-    """The chat template cannot be rendered incrementally for this conversation."""
-
-
-class TemplateError(Exception):
-    """The chat template refused the conversation (e.g. a role it does not support)."""
-
-
-class PromptTooLong(Exception):
-    """The rendered text has more characters than the caller's ``max_chars``: it cannot fit."""
-
-    def __init__(self, chars: int, max_chars: int) -> None:
-        super().__init__(f"the rendered prompt has {chars} characters; at most {max_chars} can fit the context")
-        self.chars = chars
-        self.max_chars = max_chars
-
-
-# Template variables the renderer sets itself, besides apply_chat_template's own parameters.
-_RENDERER_VARIABLES = frozenset({"messages", "conversation", "tools", "documents", "add_generation_prompt"})
-# Texts shorter than this are tokenized with the plain call (holding the GIL costs less than
-# a batch call's set-up); longer ones with the batch call, which releases the GIL.
-_BATCH_ENCODE_CHARS = 16384
-
-
-def reserved_template_kwargs(tokenizer: Any) -> frozenset[str]:
-    """Kwargs a client must not pass to the chat template: apply_chat_template's parameters
-    (``chat_template``, ``tokenize``, ``return_*``...), the variables the renderer sets, and the
-    tokenizer's special-token names (``eos_token``...)."""
-    params = {
-        name for name, p in inspect.signature(tokenizer.apply_chat_template).parameters.items()
-        if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
-    }
-    specials = set(getattr(tokenizer, "special_tokens_map", {}) or {})
-    return frozenset(params | _RENDERER_VARIABLES | specials | {"chat_template"})
-
-
-def max_token_chars(tokenizer: Any) -> int:
-    """The most characters one token of the vocabulary stands for (added tokens included).
-
-    A byte-level token's string has one character per byte, so its length bounds the text
-    it decodes to; the same holds for SentencePiece pieces and byte-fallback tokens."""
-    vocab = tokenizer.get_vocab()
-    return max((len(t) for t in vocab), default=1) or 1
 
 
 def message_to_template(msg: Message) -> dict[str, Any]:
@@ -130,15 +91,22 @@ def message_to_template(msg: Message) -> dict[str, Any]:
 
 
 class ChatRenderer:
-    """Renders conversations with a tokenizer's chat template."""
+    """Renders conversations with a tokenizer's chat template (see module docstring)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    name = "jinja"
+
+    def __init__(self, tokenizer: Any, *, reasoning_start: str | None = "<think>",
+                 default_kwargs: dict[str, Any] | None = None, close_aliases: dict[str, str] | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
+        self.reasoning_start = reasoning_start  # text that opens reasoning, if the family has it
+        self.default_kwargs = dict(default_kwargs or {})
+        # Stop tokens that stand for the template's turn close (harmony: the generated <|return|>
+        # takes the place of the <|end|> the template writes after a historical reply).
+        self.close_aliases = dict(close_aliases or {})
         self.reserved_kwargs = reserved_template_kwargs(tokenizer)
         self.max_token_chars = max_token_chars(tokenizer)
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer, if fast
 
     # ------------------------------------------------------------------ primitives
 
@@ -151,6 +119,7 @@ class ChatRenderer:
         template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         continue_final = bool(messages) and messages[-1].role == "assistant" and add_generation_prompt
+        kwargs = {**self.default_kwargs, **(template_kwargs or {})}
         try:
             return self.tokenizer.apply_chat_template(
                 [message_to_template(m) for m in messages],
@@ -158,21 +127,16 @@ class ChatRenderer:
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt and not continue_final,
                 continue_final_message=continue_final,
-                **(template_kwargs or {}),
+                **kwargs,
             )
         except Exception as exc:  # jinja raises TemplateError, ValueError, TypeError...
             raise TemplateError(f"the chat template could not render the conversation: {exc}") from exc
 
     def encode(self, text: str) -> list[int]:
-        if self._backend is not None and len(text) >= _BATCH_ENCODE_CHARS:
-            # encode_batch releases the GIL (encode does not): a worker thread tokenizing a long
-            # prompt leaves the event loop free. Same ids as tokenizer.encode (tested).
-            return list(self._backend.encode_batch([text], add_special_tokens=False)[0].ids)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return encode(self.tokenizer, text)  # long texts: GIL released
 
     def _encode_bounded(self, text: str, max_chars: int | None) -> list[int]:
-        if max_chars is not None and len(text) > max_chars:
-            raise PromptTooLong(len(text), max_chars)
+        check_chars(text, max_chars)
         return self.encode(text)
 
     def decode(self, ids: list[int]) -> str:
@@ -193,36 +157,45 @@ class ChatRenderer:
         Raises :class:`PromptTooLong` instead of tokenizing a text over ``max_chars``."""
         return self._encode_bounded(self.render_text(messages, tools, template_kwargs=template_kwargs), max_chars)
 
+    def reasoning_open(self, prompt_ids: list[int]) -> bool:
+        if not self.reasoning_start or not prompt_ids:
+            return False
+        return self.decode(prompt_ids[-8:]).rstrip().endswith(self.reasoning_start)
+
     def assistant_suffix(
-        self,
-        tools: list[ToolSpec] | None,
-        template_kwargs: dict[str, Any] | None,
-        cache_key: str | None = None,
+        self, tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None, cache_key: str | None = None,
         cache: RenderCache | None = None,
     ) -> str:
+        """What the template writes after an assistant message's text, up to the next turn
+        (memoised in ``cache``, the caller's, when given)."""
         key = cache_key or canonical_json([[t.to_openai() for t in tools or []], template_kwargs or {}])
         cached = cache.get(key) if cache is not None else None
-        if cached is not None:
-            return cached
-        text = self.render_text(
-            [_PLACEHOLDER_USER, Message.of("assistant", _SENTINEL)],
-            tools,
-            add_generation_prompt=False,
-            template_kwargs=template_kwargs,
-        )
-        if _SENTINEL not in text:
-            raise BridgeError("the chat template does not render assistant content verbatim")
-        suffix = text.split(_SENTINEL, 1)[1]
-        if cache is not None:
-            cache.put(key, suffix)
-        return suffix
+        if cached is None:
+            base = [_PLACEHOLDER_USER, Message.of("assistant", _SENTINEL)]
+            text = self.render_text(base, tools, add_generation_prompt=False, template_kwargs=template_kwargs)
+            if _SENTINEL not in text:
+                raise BridgeError("the chat template does not render assistant content verbatim")
+            suffix = text.split(_SENTINEL, 1)[1]
+            if not suffix:
+                # The last assistant turn may be left open; take what follows it when a user turn comes.
+                nxt = self.render_text(base + [_PLACEHOLDER_USER], tools, add_generation_prompt=False,
+                                       template_kwargs=template_kwargs)
+                user = self.render_text([_PLACEHOLDER_USER], tools, add_generation_prompt=False,
+                                        template_kwargs=template_kwargs)
+                after = nxt.split(_SENTINEL, 1)[1]
+                suffix = after[: len(after) - len(user)] if user and after.endswith(user) else ""
+                if not suffix:
+                    raise BridgeError("the chat template writes nothing after an assistant turn")
+            if cache is not None:
+                cache.put(key, suffix)
+            return suffix
+        return cached
 
     def bridge_ids(
         self,
         *,
+        parent: ParentTurn,
         leading_system: Message | None,
-        parent_reply: Message,
-        parent_stop_text: str | None,
         new_messages: list[Message],
         tools: list[ToolSpec] | None = None,
         template_kwargs: dict[str, Any] | None = None,
@@ -230,21 +203,20 @@ class ChatRenderer:
         cache: RenderCache | None = None,
         max_chars: int | None = None,
     ) -> list[int]:
-        """Tokens that follow a parent's generated tokens (see module docstring).
-
-        ``parent_stop_text`` is the text of the stop token the parent's output ended
-        with, or None if it ended on length / abort / a stop string. ``cache_key``
-        identifies ``(tools, template_kwargs)`` for memoising the assistant suffix in
-        ``cache``; ``max_chars`` bounds the bridge text (:class:`PromptTooLong`).
-        """
+        """Tokens that follow a parent's generated tokens (see module docstring). ``cache_key``
+        identifies ``(tools, template_kwargs)`` for memoising the assistant suffix in ``cache``;
+        ``max_chars`` bounds the bridge text (:class:`PromptTooLong`)."""
         suffix = self.assistant_suffix(tools, template_kwargs, cache_key, cache)
         glue = suffix
-        if parent_stop_text and suffix.startswith(parent_stop_text):
-            glue = suffix[len(parent_stop_text):]
-        base = ([leading_system] if leading_system is not None else []) + [_PLACEHOLDER_USER, parent_reply]
-        head = self.render_text(base, tools, add_generation_prompt=False, template_kwargs=template_kwargs)
+        if parent.stop_text:
+            close = self.close_aliases.get(parent.stop_text, parent.stop_text)
+            if suffix.startswith(close):
+                glue = suffix[len(close):]
+        reply = Message(role="assistant", content=[TextPart(_SENTINEL)], tool_calls=list(parent.reply.tool_calls))
+        base = ([leading_system] if leading_system is not None else []) + [_PLACEHOLDER_USER, reply]
         full = self.render_text(base + new_messages, tools, template_kwargs=template_kwargs)
-        if not full.startswith(head) or not head.endswith(suffix):
-            raise BridgeError("the chat template does not render new messages incrementally")
-        return self._encode_bounded(glue + full[len(head):], max_chars)
-
+        at = full.find(_SENTINEL)
+        end = full.find(suffix, at + len(_SENTINEL)) if at >= 0 else -1
+        if end < 0:
+            raise BridgeError("the chat template does not render the parent's reply verbatim")
+        return self._encode_bounded(glue + full[end + len(suffix):], max_chars)

@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlgate.chat.conversation import DigestChain, Message, tools_digest
+from rlgate.chat.families.base import BridgeError, ModelFamily, ParentTurn, TemplateError
+from rlgate.chat.families.registry import resolve_family
 from rlgate.chat.output import ContentDelta, OutputAssembler, OutputEvent, ReasoningDelta, openai_call_id
 from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser, unparsed_tool_blocks
-from rlgate.chat.render import BridgeError, ChatRenderer, PromptTooLong, TemplateError
+from rlgate.chat.prompt_bounds import PromptTooLong, max_token_chars, reserved_template_kwargs
 from rlgate.config import GatewayConfig
 from rlgate.core.limits import (
     check_images,
@@ -78,7 +80,7 @@ class Prepared:
     api: str
     prompt_ids: list[int]
     sampling: SamplingParams
-    interaction: Interaction | None  # None when store=False
+    interaction: Interaction  # recorded whatever the client's store flag says
     call_id: Callable[[], str]
     chain: DigestChain  # digest of the request messages; + reply = the interaction's prefix key
     received_at: float = field(default_factory=time.perf_counter)  # for the latency metrics
@@ -113,24 +115,34 @@ class GenerationService:
         sessions: SessionManager,
         stop_token_ids: list[int],
         metrics: GatewayMetrics | None = None,
+        family: ModelFamily | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else sessions.gateway_metrics
         self.engine = engine
         self.tokenizer = tokenizer
-        self.renderer = ChatRenderer(tokenizer)
+        self.family = family if family is not None else resolve_family(tokenizer, config.model_family)
+        self.renderer = self.family.renderer(tokenizer)
+        # Bounds of every family's renderer (issue 15): properties of the tokenizer, not the renderer.
+        self.reserved_kwargs = reserved_template_kwargs(tokenizer)
         backend = getattr(tokenizer, "backend_tokenizer", None)
         slack = 1 if backend is not None and backend.normalizer is None else NORMALIZER_SLACK
-        self._chars_per_token = self.renderer.max_token_chars * slack
+        self._chars_per_token = max_token_chars(tokenizer) * slack
         self.render_pool = RenderPool(config.render_workers, config.render_timeout)
         self.inline_chars = INLINE_CHARS
         self.sessions = sessions
-        self.stop_token_ids = tuple(stop_token_ids)
+        stops = list(stop_token_ids)
+        stops += [t for t in self.family.stop_token_ids(tokenizer) if t not in stops]
+        self.stop_token_ids = tuple(stops)
+        self.tool_parser = self.family.tool_parser if config.tool_parser == "auto" else config.tool_parser
+        self.reasoning_parser = (
+            self.family.reasoning_parser if config.reasoning_parser == "auto" else config.reasoning_parser
+        )
         # Validate parser names once, at startup.
-        if config.tool_parser:
-            get_tool_parser(config.tool_parser)
-        if config.reasoning_parser:
-            get_reasoning_parser(config.reasoning_parser)
+        if self.tool_parser:
+            get_tool_parser(self.tool_parser)
+        if self.reasoning_parser:
+            get_reasoning_parser(self.reasoning_parser)
 
     @property
     def context_length(self) -> int:
@@ -147,14 +159,12 @@ class GenerationService:
         unsaved interaction and the digest chain of the request's messages (extended with the
         reply on completion). Large prompts are rendered and tokenized on the render pool."""
         check_request_limits(self.config, req)
-        check_template_kwargs(self.config, req, self.renderer.reserved_kwargs)
+        check_template_kwargs(self.config, req, self.reserved_kwargs)
         check_images(self.config, req)
         ctx = self.context_length
         chars = request_chars(req)
         if chars > self.max_prompt_chars(ctx):  # early: before hashing, rendering or tokenizing
-            raise ContextLengthExceeded(
-                f"the messages have {chars} characters: more than a prompt can hold in this model's context "
-                f"of {ctx} tokens", param="messages")
+            raise self._too_long(chars)
         context_key = tools_digest(req.tools, req.template_kwargs)
         parent, covered, chain = find_parent(session, context_key, req.messages)
         new_image_bytes = sum(image_size(p) for p in images(req.messages[covered:]))
@@ -172,8 +182,8 @@ class GenerationService:
                 prompt, parent, relation, fork_reason = render()
             else:
                 prompt, parent, relation, fork_reason = await self.render_pool.run(render)
-        except PromptTooLong as exc:
-            raise ContextLengthExceeded(f"{exc} ({ctx} tokens)", param="messages") from exc
+        except PromptTooLong as exc:  # the rendered text (template included) cannot fit
+            raise self._too_long(exc.chars, offset=exc.offset) from exc
         interaction = Interaction(
             id="",
             session_id=session.id,
@@ -200,9 +210,10 @@ class GenerationService:
             base = parent.prompt_ids + parent.output_ids
             try:
                 bridge = self.renderer.bridge_ids(
+                    parent=ParentTurn(parent.prompt_ids, parent.output_ids,
+                                      parent.output_message,  # type: ignore[arg-type]
+                                      self._stop_text(parent)),
                     leading_system=req.messages[0] if req.messages[0].role == "system" else None,
-                    parent_reply=parent.output_message,  # type: ignore[arg-type]
-                    parent_stop_text=self._stop_text(parent),
                     new_messages=req.messages[covered:],
                     tools=req.tools,
                     template_kwargs=req.template_kwargs,
@@ -211,6 +222,9 @@ class GenerationService:
                     max_chars=self.max_prompt_chars(ctx - len(base)),
                 )
                 return base + bridge, parent, relation, fork_reason
+            except PromptTooLong as exc:
+                exc.offset = len(base)
+                raise
             except (BridgeError, TemplateError) as exc:
                 log.warning("session %s: %s; starting a new root", session.id, exc)
                 parent, relation, fork_reason = None, "fork", "template_not_incremental"
@@ -221,9 +235,20 @@ class GenerationService:
             raise InvalidRequest(str(exc), param="messages") from exc
         return prompt, parent, relation, fork_reason
 
+    def _too_long(self, chars: int, *, offset: int = 0) -> ContextLengthExceeded:
+        """The refusal of a text of ``chars`` characters that cannot fit the context (after ``offset``
+        tokens already in the prompt), without tokenizing it: it has at least chars / (the most
+        characters a token covers) tokens."""
+        at_least = offset + -(-chars // self._chars_per_token)
+        ctx = self.context_length
+        return ContextLengthExceeded(
+            f"This model's maximum context length is {ctx} tokens. However, your messages have {chars} "
+            f"characters, which is at least {at_least} tokens. Please reduce the length of the messages.",
+            prompt_tokens=at_least, limit=ctx, param="messages")
+
     def _stop_text(self, parent: Interaction) -> str | None:
         if parent.stop_kind == "stop_token" and parent.output_ids and parent.output_ids[-1] in self.stop_token_ids:
-            return self.renderer.decode([parent.output_ids[-1]])
+            return self.tokenizer.decode([parent.output_ids[-1]], skip_special_tokens=False)
         return None
 
     # ------------------------------------------------------------------ prepare
@@ -245,10 +270,7 @@ class GenerationService:
         prompt, interaction, chain = built.prompt_ids, built.interaction, built.chain
         ctx = self.context_length
         if len(prompt) >= ctx:
-            raise ContextLengthExceeded(
-                f"the prompt is {len(prompt)} tokens; this model's context is {ctx} tokens",
-                param="messages",
-            )
+            raise ContextLengthExceeded(prompt_tokens=len(prompt), limit=ctx, param="messages")
         max_new = ctx - len(prompt)
         max_new = min(max_new, req.max_tokens if req.max_tokens is not None else self.config.default_max_tokens)
         if self.config.max_tokens_cap is not None:
@@ -259,7 +281,7 @@ class GenerationService:
                 raise ContextLengthExceeded(
                     f"max_total_tokens={req.max_total_tokens} leaves no room after the "
                     f"{len(prompt)}-token prompt",
-                    param="max_total_tokens",
+                    prompt_tokens=len(prompt), limit=req.max_total_tokens, param="max_total_tokens",
                 )
         try:
             sampling = SamplingParams(
@@ -282,26 +304,33 @@ class GenerationService:
             "seed": req.seed,
             "max_new_tokens": max_new,
         }
-        return Prepared(session, req, interaction_id, api, prompt, sampling,
-                        interaction if req.store else None, call_id, chain, received_at,
-                        image_bytes=built.image_bytes)
+        interaction.client_store = req.store
+        return Prepared(session, req, interaction_id, api, prompt, sampling, interaction, call_id, chain,
+                        received_at, image_bytes=built.image_bytes)
 
     # ------------------------------------------------------------------ run
 
     def _tool_parser_name(self, p: Prepared) -> str | None:
         """The tool parser that runs for this request (None: tool parsing is off)."""
-        if p.request.tools and p.request.tool_choice != "none" and self.config.tool_parser:
-            return self.config.tool_parser
+        if p.request.tools and p.request.tool_choice != "none" and self.tool_parser:
+            return self.tool_parser
         return None
 
     def _assembler(self, p: Prepared) -> OutputAssembler:
         parser = self._tool_parser_name(p)
+        tools = get_tool_parser(parser, {t.name: t.parameters for t in p.request.tools}) if parser else None
+        reasoning = None
+        if self.reasoning_parser:
+            # Templates whose generation prompt opens the reasoning block (Qwen3-Thinking-2507,
+            # DeepSeek-R1) produce replies that start inside it.
+            reasoning = get_reasoning_parser(self.reasoning_parser,
+                                             starts_in_reasoning=self.renderer.reasoning_open(p.prompt_ids))
         return OutputAssembler(
             self.tokenizer,
             stop_token_ids=self.stop_token_ids,
             stop_strings=p.request.stop,
-            tool_parser=get_tool_parser(parser) if parser else None,
-            reasoning_parser=get_reasoning_parser(self.config.reasoning_parser) if self.config.reasoning_parser else None,
+            tool_parser=tools,
+            reasoning_parser=reasoning,
             call_id=p.call_id,
         )
 
@@ -319,8 +348,7 @@ class GenerationService:
         stream = self.engine.stream(
             GenerateRequest(p.prompt_ids, p.sampling, request_id=p.interaction_id, session_id=p.session.id)
         )
-        if p.interaction is not None:
-            self.sessions.add_interaction(p.session, p.interaction, image_bytes=p.image_bytes)
+        self.sessions.add_interaction(p.session, p.interaction, image_bytes=p.image_bytes)
         p.session.in_flight += 1
         try:
             async for delta in stream:
@@ -368,7 +396,7 @@ class GenerationService:
         yield final
 
     def _fail(self, p: Prepared, error: str, generated: int, first_token_at: float | None) -> None:
-        if p.interaction is not None and p.interaction.status == "pending":
+        if p.interaction.status == "pending":
             self.sessions.fail_interaction(p.session, p.interaction, error)
         self._report(p, GenerationOutcome(
             api=p.api, streamed=p.streamed, finish_reason="error", prompt_tokens=len(p.prompt_ids),
@@ -408,7 +436,7 @@ class GenerationService:
             finish = "tool_calls"
         message = out.to_message()
         inter = p.interaction
-        if inter is not None and inter.status == "pending":
+        if inter.status == "pending":
             inter.output_ids = ids[:kept]
             inter.output_logprobs = logprobs[:kept]
             inter.output_versions = versions[:kept]
@@ -417,6 +445,9 @@ class GenerationService:
             inter.output_message = message
             inter.prefix_key = p.chain.copy().add(message).hexdigest()
             self.sessions.complete_interaction(p.session, inter)
+        log.debug("session %s turn %s: %s, %d prompt + %d generated tokens, finish %s (%s)", p.session.id,
+                  p.interaction_id, inter.relation if inter is not None else "-", len(p.prompt_ids), kept, finish,
+                  stop_kind)
         parser = self._tool_parser_name(p)
         text = out.content
         self._report(p, GenerationOutcome(
