@@ -29,9 +29,18 @@ class RequestState:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[TokenDelta | BaseException]
     stop_ids: frozenset[int] = frozenset()
-    num_generated: int = 0
+    generated: list[int] = field(default_factory=list)  # tokens sampled so far (worker thread)
     finished: bool = False  # set by the worker once the final delta is sent
     aborted: bool = False  # set by the consumer (stream closed early)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.generated)
+
+    @property
+    def sequence(self) -> list[int]:
+        """Prompt + generated tokens: what a (re-)prefill feeds the model."""
+        return self.input_ids + self.generated
 
     @property
     def done(self) -> bool:
