@@ -33,6 +33,7 @@ ROUTES: dict[tuple[str, str], tuple[str, dict | None]] = {
     ("POST", "/rl/collect"): (ADMIN, {"max_sessions": 1}),
     ("POST", "/rl/update_weights"): (ADMIN, {"path": "/nonexistent"}),
     ("GET", "/rl/metrics"): (ADMIN, None),
+    ("GET", "/metrics"): (ADMIN, None),
     ("GET", "/v1/models"): (ANY_KEY, None),
     ("GET", "/models"): (ANY_KEY, None),
     ("POST", "/chat/completions"): (SESSION, CHAT_BODY),

@@ -1,4 +1,4 @@
-"""``rlgate`` command line: serve, tiny-model, demo, train."""
+"""``rlgate`` command line: serve, tiny-model, demo, train, check, eval, view."""
 
 from __future__ import annotations
 
@@ -33,6 +33,17 @@ def _offline_env() -> None:
     hf_logging.disable_progress_bar()  # "Loading weights" bars are not ours to print
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every default: ``(default: X)`` unless the help text already explains it (``default:``
+    in it), or the flag is a switch or defaults to nothing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, argparse.SUPPRESS, False, []) or action.required:
+            return text
+        return super()._get_help_string(action) or text
+
+
 # --------------------------------------------------------------------------- serve
 
 
@@ -48,8 +59,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admin-key-file", default=None, help="write the (generated) admin key to this file, mode 0600")
     p.add_argument("--capacity-mode", choices=["unlimited", "granted"], default="unlimited")
     p.add_argument("--trajectory-mode", choices=["token_exact", "rerender"], default="token_exact")
-    p.add_argument("--tool-parser", default="hermes", help="tool-call parser ('none' to disable)")
-    p.add_argument("--reasoning-parser", default=None, help="reasoning parser, e.g. 'think'")
+    p.add_argument("--renderer", default="auto",
+                   help="model family: renderer, parsers and stop tokens ('auto': detected from config.json and the "
+                        "chat template; 'jinja': the checkpoint's own template), e.g. qwen3, llama3, gpt_oss")
+    p.add_argument("--tool-parser", default="auto", help="tool-call parser ('auto': the family's; 'none' to disable)")
+    p.add_argument("--reasoning-parser", default="auto",
+                   help="reasoning parser ('auto': the family's; 'none' to disable), e.g. 'think'")
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--default-max-tokens", type=int, default=512)
     p.add_argument("--max-tokens-cap", type=int, default=None)
@@ -82,12 +97,47 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-stop-sequences", type=int, default=16)
     p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
     p.add_argument("--retain-exported", type=float, default=0.0)
+    from rlgate.config import GatewayConfig
+
+    p.add_argument("--stream-keepalive-interval", type=float, default=GatewayConfig.stream_keepalive_interval,
+                   help="seconds without a streamed event before a keep-alive event (ping) is sent; 0: never")
     p.add_argument("--cors-origin", action="append", default=[], help="allow this CORS origin (repeatable)")
     # no "trace": uvicorn logs raw request headers (keys) at that level
     p.add_argument("--log-level", default="info", type=str.lower,
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log one line per request (never keys)")
+    add_config_args(p, OBSERVABILITY_FIELDS)
     add_cluster_args(p)
+
+
+# GatewayConfig fields whose flags are made from the field's metadata["help"] and default
+OBSERVABILITY_FIELDS = ("metrics_port", "metrics_host", "ui", "ui_login_ttl", "guard_window", "guard_min_events",
+                        "guard_poll_interval", "guard_tool_parse_failure_ratio", "guard_unparsed_tool_markup_ratio",
+                        "guard_empty_reply_ratio", "guard_fork_ratio", "guard_unaligned_turn_ratio",
+                        "guard_missing_reward_ratio", "guard_stale_lag", "guard_stale_token_ratio",
+                        "guard_abort_ratio", "guard_store_failure_ratio")
+
+
+def add_config_args(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    """``--field-name`` flags for GatewayConfig fields: default, type and help from the dataclass."""
+    import dataclasses
+
+    from rlgate.config import GatewayConfig
+
+    fields = {f.name: f for f in dataclasses.fields(GatewayConfig)}
+    for name in names:
+        f = fields[name]
+        flag = "--" + name.replace("_", "-")
+        help_text = f.metadata.get("help", "")
+        if isinstance(f.default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+        else:
+            kind = type(f.default) if f.default is not None else int
+            p.add_argument(flag, type=kind, default=f.default, help=f"{help_text} (default: {f.default})")
+
+
+def config_values(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, Any]:
+    return {n: getattr(args, n) for n in names}
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -132,8 +182,9 @@ def gateway_config(args: argparse.Namespace, admin_key: str) -> Any:
         admin_key=admin_key,
         capacity_mode=args.capacity_mode,
         trajectory_mode=args.trajectory_mode,
+        model_family=None if args.renderer in (None, "auto") else args.renderer,
         tool_parser=None if args.tool_parser in (None, "none") else args.tool_parser,
-        reasoning_parser=args.reasoning_parser,
+        reasoning_parser=None if args.reasoning_parser in (None, "none") else args.reasoning_parser,
         default_max_tokens=args.default_max_tokens,
         max_tokens_cap=args.max_tokens_cap,
         context_length=args.context_length,
@@ -149,8 +200,10 @@ def gateway_config(args: argparse.Namespace, admin_key: str) -> Any:
         max_stop_sequences=args.max_stop_sequences,
         max_body_bytes=args.max_body_bytes,
         retain_exported=args.retain_exported,
+        stream_keepalive_interval=args.stream_keepalive_interval,
         shutdown_timeout=args.shutdown_timeout,
         cors_origins=list(args.cors_origin),
+        **config_values(args, OBSERVABILITY_FIELDS),
     )
 
 
@@ -182,10 +235,17 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         raise SystemExit(f"rlgate: {exc}") from exc
     logging.getLogger("rlgate").info("store: %s", getattr(store, "path", ":memory: (nothing is persisted)"))
     try:
-        return create_app(config, engine, store, tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model))
+        app = create_app(config, engine, store, tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model))
+    except ValueError as exc:  # an unknown --renderer / parser name
+        store.close()
+        raise SystemExit(f"rlgate: {exc}") from exc
     except BaseException:
         store.close()
         raise
+    gen = app.state.gateway.generation
+    print(f"rlgate: model family {gen.family.title} ({gen.family.name}); renderer {gen.renderer.name}; "
+          f"tool parser {gen.tool_parser or 'none'}; reasoning parser {gen.reasoning_parser or 'none'}", flush=True)
+    return app
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -291,43 +351,146 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return run_scripted_demo(Path(args.out), seed=args.seed)
     from rlgate.demo.rl import run_demo
 
-    return run_demo(Path(args.out), task=args.task, seed=args.seed, steps=args.steps)
+    return run_demo(Path(args.out), task=args.task, seed=args.seed, steps=args.steps, port=args.port,
+                    metrics_port=args.metrics_port, pushgateway=args.pushgateway,
+                    gateway_metrics_port=args.gateway_metrics_port)
+
+
+def _train_logging() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     _offline_env()
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from rlgate.train.run import run_training
+    _train_logging()
+    if args.check:
+        from rlgate.train.check import run_check
 
-    return run_training(args.config, args.set)
+        return run_check(args.config, args.set, episodes=args.episodes, port=args.port)
+    from rlgate.train.run import train_command
+
+    return train_command(args.config, args.set, port=args.port)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    args.check = True
+    return cmd_train(args)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    _offline_env()
+    _train_logging()
+    from rlgate.train.eval_cmd import eval_command
+
+    return eval_command(args.config, args.set, port=args.port, checkpoint=args.checkpoint, dataset=args.dataset,
+                        samples_per_item=args.samples_per_item, temperature=args.temperature, limit=args.limit,
+                        report=args.out)
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="YAML file with a TrainConfig (docs/training.md)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set grpo.lr=1e-5 (repeatable)")
+    p.add_argument("--port", type=int, default=None,
+                   help="port of the in-process gateway on 127.0.0.1 (default: gateway.port, else a free one)")
+
+
+# --------------------------------------------------------------------------- view
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    _offline_env()
+    from rlgate.ui.files import find_tokenizer
+    from rlgate.ui.static_export import write_view
+
+    tok_dir = Path(args.tokenizer) if args.tokenizer else find_tokenizer(args.paths)
+    tokenizer = None
+    if tok_dir is not None and not args.no_text:
+        from rlgate.model import load_tokenizer
+
+        tokenizer = load_tokenizer(str(tok_dir))
+        print(f"token text from the tokenizer in {tok_dir}")
+    elif not args.no_text:
+        print("no tokenizer found (pass --tokenizer DIR): tokens are shown as ids")
+    try:
+        out, run = write_view(args.paths, args.out, tokenizer=tokenizer, title=args.title,
+                              max_sessions=args.max_sessions, stale_lag=args.stale_lag)
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        raise SystemExit(f"rlgate view: {exc}") from exc
+    turns = sum(len(ep.turns) for ep in run.episodes)
+    more = f" ({run.omitted} more left out: --max-sessions)" if run.omitted else ""
+    print(f"wrote {out}: {len(run.episodes)} sessions, {turns} turns, {len(run.groups())} groups{more}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlgate", description=__doc__)
+    fmt = HelpFormatter
+    parser = argparse.ArgumentParser(prog="rlgate", description=__doc__, formatter_class=fmt)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("serve", help="run the gateway")
+    p = sub.add_parser("serve", help="run the gateway", formatter_class=fmt)
     add_serve_args(p)
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("tiny-model", help="build the tiny offline model into DIR")
+    p = sub.add_parser("tiny-model", help="build the tiny offline model into DIR", formatter_class=fmt)
     p.add_argument("dir")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_tiny_model)
 
-    p = sub.add_parser("demo", help="run the offline RL demo (GRPO through the gateway, on CPU)")
+    p = sub.add_parser("demo", help="run the offline RL demo (GRPO through the gateway, on CPU)", formatter_class=fmt)
     p.add_argument("--out", default="demo-out", help="output directory (caches the model and warm start)")
     p.add_argument("--task", choices=["math", "tools"], default="math")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the task's tuned value)")
     p.add_argument("--scripted", action="store_true", help="only a short scripted session, no training")
+    p.add_argument("--port", type=int, default=None, help="the demo gateway's port on 127.0.0.1 (default: a free one)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve the per-step training metrics (Prometheus) on this port")
+    p.add_argument("--pushgateway", default=None, help="also push them to this Prometheus Pushgateway URL")
+    p.add_argument("--gateway-metrics-port", type=int, default=None,
+                   help="serve the demo gateway's /metrics (guards included) without a key on this port")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("train", help="GRPO on any Hugging Face checkpoint (see rlgate.train.run)")
-    p.add_argument("--config", required=True, help="YAML file with a TrainConfig")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set grpo.lr=1e-5 (repeatable)")
+    p = sub.add_parser("train", help="GRPO on any Hugging Face checkpoint (docs/training.md)", formatter_class=fmt)
+    _add_config_args(p)
+    p.add_argument("--check", action="store_true", help="dry run: play --episodes episodes, show what was "
+                   "recorded, and exit (= rlgate check)")
+    p.add_argument("--episodes", type=int, default=1, help="--check: episodes to play")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("check", help="dry run of a training config: one episode, its recorded trajectory",
+                       formatter_class=fmt)
+    _add_config_args(p)
+    p.add_argument("--episodes", type=int, default=1, help="episodes to play")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("eval", help="reward of a checkpoint on a dataset, through the config's agent",
+                       formatter_class=fmt)
+    _add_config_args(p)
+    p.add_argument("--checkpoint", default=None, help="checkpoint directory (default: the run's latest, "
+                   "else the config's model)")
+    p.add_argument("--dataset", default=None, help="JSONL / Parquet / saved dataset (default: eval_dataset)")
+    p.add_argument("--samples-per-item", type=int, default=None, help="episodes per item (default: "
+                   "eval_samples_per_item)")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: "
+                   "eval_temperature)")
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N items")
+    p.add_argument("--out", default=None, help="JSON report path (default: OUT_DIR/eval-<checkpoint>.json)")
+    p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("view", help="write the trajectory viewer for exported samples as one HTML file",
+                       formatter_class=fmt)
+    p.add_argument("paths", nargs="+", metavar="EXPORT",
+                   help="Parquet / JSONL samples (write_parquet, the demo's trajectories.parquet, saved "
+                   "/export_trajectories responses) or a directory of them (per-step dumps)")
+    p.add_argument("--out", required=True, help="the HTML file to write (self-contained, opens offline)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory for token text (default: a model/ or "
+                   "final/ directory next to the data, or the model of a training run's config.yaml)")
+    p.add_argument("--no-text", action="store_true", help="show token ids only (no tokenizer)")
+    p.add_argument("--max-sessions", type=int, default=1000,
+                   help="sessions to include (the first N; 200 tool-calling sessions make ~14 MB)")
+    p.add_argument("--stale-lag", type=int, default=4, help="flag tokens more than N versions behind")
+    p.add_argument("--title", default=None)
+    p.set_defaults(func=cmd_view)
 
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

@@ -11,8 +11,9 @@ class GatewayConfig:
     admin_key: str  # required for control routes; compared in constant time, never logged
     capacity_mode: Literal["unlimited", "granted"] = "unlimited"  # granted: only /grant_capacity admits
     trajectory_mode: Literal["token_exact", "rerender"] = "token_exact"  # default per session
-    tool_parser: str | None = "hermes"  # registry name; None disables tool-call parsing
-    reasoning_parser: str | None = None  # e.g. "think"; None leaves reasoning inside content
+    model_family: str | None = None  # chat/families name (--renderer); None: detected from the checkpoint
+    tool_parser: str | None = "auto"  # registry name; "auto": the model family's; None disables tool-call parsing
+    reasoning_parser: str | None = "auto"  # e.g. "think"; "auto": the family's; None leaves reasoning in content
     default_max_tokens: int = 512  # when a request sets no max tokens
     max_tokens_cap: int | None = None  # hard cap on generated tokens per request (None: context only)
     context_length: int | None = None  # None: the engine's max_context_length
@@ -31,8 +32,44 @@ class GatewayConfig:
     retain_exported: float = 0.0  # seconds to keep an exported session for audit (0: drop at export)
     shutdown_timeout: float = 30.0  # SIGTERM: seconds in-flight requests get to finish before being aborted
     cors_origins: list[str] = field(default_factory=list)  # empty: no CORS headers at all
+    stream_keepalive_interval: float = 10.0  # seconds without a streamed event before a keep-alive (0: never)
     image_placeholder: str = "<image>"  # informational: what text-only templates render for an image
 
+    # ---- metrics, silent-failure guards and the viewer (docs/operations.md, "Metrics and guards")
+    metrics_port: int | None = field(default=None, metadata={
+        "help": "also serve GET /metrics without a key on this port (a separate bind for scrapers); "
+                "None: only the admin-key /metrics on the main port"})
+    metrics_host: str = field(default="127.0.0.1", metadata={"help": "address of the --metrics-port bind"})
+    ui: bool = field(default=False, metadata={
+        "help": "serve the trajectory viewer at /ui (admin key required: login form or Authorization header)"})
+    ui_login_ttl: float = field(default=12 * 3600.0, metadata={
+        "help": "seconds a /ui login cookie stays valid"})
+    guard_window: int = field(default=500, metadata={
+        "help": "observations each silent-failure guard looks back over (a reply, an export, a store poll)"})
+    guard_min_events: int = field(default=20, metadata={
+        "help": "events a guard needs in its window before its ratio can raise an alarm"})
+    guard_poll_interval: float = field(default=5.0, metadata={
+        "help": "seconds between polls of the store's write counters (store guard, alarms without traffic)"})
+    guard_tool_parse_failure_ratio: float = field(default=0.1, metadata={
+        "help": "alarm when more than this fraction of tool-call blocks the parser met did not parse"})
+    guard_unparsed_tool_markup_ratio: float = field(default=0.05, metadata={
+        "help": "alarm when more than this fraction of replies show tool-call markup as text"})
+    guard_empty_reply_ratio: float = field(default=0.1, metadata={
+        "help": "alarm when more than this fraction of replies are empty (no text, reasoning or tool call)"})
+    guard_fork_ratio: float = field(default=0.25, metadata={
+        "help": "alarm when more than this fraction of follow-up turns fork instead of extending a parent"})
+    guard_unaligned_turn_ratio: float = field(default=0.05, metadata={
+        "help": "alarm when more than this fraction of turns in concat exports are unaligned (no loss)"})
+    guard_missing_reward_ratio: float = field(default=0.05, metadata={
+        "help": "alarm when more than this fraction of exported samples have no reward"})
+    guard_stale_lag: int = field(default=4, metadata={
+        "help": "a generated token is stale at export when the weights moved more than this many versions since"})
+    guard_stale_token_ratio: float = field(default=0.1, metadata={
+        "help": "alarm when more than this fraction of exported generated tokens are stale"})
+    guard_abort_ratio: float = field(default=0.1, metadata={
+        "help": "alarm when more than this fraction of generations are aborted, fail or are cut by a restart"})
+    guard_store_failure_ratio: float = field(default=0.0, metadata={
+        "help": "alarm when more than this fraction of store writes fail (0: any failure)"})
 
 @dataclass
 class ClusterConfig:

@@ -19,20 +19,23 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlgate.chat.conversation import DigestChain, Message, tools_digest
+from rlgate.chat.families.base import BridgeError, ModelFamily, ParentTurn, TemplateError
+from rlgate.chat.families.registry import resolve_family
 from rlgate.chat.output import ContentDelta, OutputAssembler, OutputEvent, ReasoningDelta, openai_call_id
-from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser
-from rlgate.chat.render import BridgeError, ChatRenderer, TemplateError
+from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser, unparsed_tool_blocks
 from rlgate.config import GatewayConfig
 from rlgate.core.limits import check_request_limits
 from rlgate.core.request import ChatRequest
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
 from rlgate.errors import ContextLengthExceeded, InvalidRequest, Unavailable, UpstreamError
+from rlgate.metrics.gateway import GatewayMetrics, GenerationOutcome
 from rlgate.store.base import StoreError
+from rlgate.trajectory.flags import is_empty_reply
 from rlgate.trajectory.interaction import Interaction, Session
 from rlgate.trajectory.tree import find_parent
 
@@ -49,9 +52,12 @@ class Prepared:
     api: str
     prompt_ids: list[int]
     sampling: SamplingParams
-    interaction: Interaction | None  # None when store=False
+    interaction: Interaction  # recorded whatever the client's store flag says
     call_id: Callable[[], str]
     chain: DigestChain  # digest of the request messages; + reply = the interaction's prefix key
+    received_at: float = field(default_factory=time.perf_counter)  # for the latency metrics
+    streamed: bool = True  # complete() sets False (metrics label)
+    reported: bool = False  # the outcome went to the metrics (once per run)
 
 
 @dataclass
@@ -79,18 +85,28 @@ class GenerationService:
         tokenizer: Any,
         sessions: SessionManager,
         stop_token_ids: list[int],
+        metrics: GatewayMetrics | None = None,
+        family: ModelFamily | None = None,
     ) -> None:
         self.config = config
+        self.metrics = metrics if metrics is not None else sessions.gateway_metrics
         self.engine = engine
         self.tokenizer = tokenizer
-        self.renderer = ChatRenderer(tokenizer)
+        self.family = family if family is not None else resolve_family(tokenizer, config.model_family)
+        self.renderer = self.family.renderer(tokenizer)
         self.sessions = sessions
-        self.stop_token_ids = tuple(stop_token_ids)
+        stops = list(stop_token_ids)
+        stops += [t for t in self.family.stop_token_ids(tokenizer) if t not in stops]
+        self.stop_token_ids = tuple(stops)
+        self.tool_parser = self.family.tool_parser if config.tool_parser == "auto" else config.tool_parser
+        self.reasoning_parser = (
+            self.family.reasoning_parser if config.reasoning_parser == "auto" else config.reasoning_parser
+        )
         # Validate parser names once, at startup.
-        if config.tool_parser:
-            get_tool_parser(config.tool_parser)
-        if config.reasoning_parser:
-            get_reasoning_parser(config.reasoning_parser)
+        if self.tool_parser:
+            get_tool_parser(self.tool_parser)
+        if self.reasoning_parser:
+            get_reasoning_parser(self.reasoning_parser)
 
     @property
     def context_length(self) -> int:
@@ -110,9 +126,10 @@ class GenerationService:
         if parent is not None and session.mode == "token_exact":
             try:
                 bridge = self.renderer.bridge_ids(
+                    parent=ParentTurn(parent.prompt_ids, parent.output_ids,
+                                      parent.output_message,  # type: ignore[arg-type]
+                                      self._stop_text(parent)),
                     leading_system=req.messages[0] if req.messages[0].role == "system" else None,
-                    parent_reply=parent.output_message,  # type: ignore[arg-type]
-                    parent_stop_text=self._stop_text(parent),
                     new_messages=req.messages[covered:],
                     tools=req.tools,
                     template_kwargs=req.template_kwargs,
@@ -143,7 +160,7 @@ class GenerationService:
 
     def _stop_text(self, parent: Interaction) -> str | None:
         if parent.stop_kind == "stop_token" and parent.output_ids and parent.output_ids[-1] in self.stop_token_ids:
-            return self.renderer.decode([parent.output_ids[-1]])
+            return self.tokenizer.decode([parent.output_ids[-1]], skip_special_tokens=False)
         return None
 
     # ------------------------------------------------------------------ prepare
@@ -157,16 +174,14 @@ class GenerationService:
         id_prefix: str,
         call_id: Callable[[], str] = openai_call_id,
     ) -> Prepared:
+        received_at = time.perf_counter()
         self.sessions.require_generating(session)
         if not req.messages:
             raise InvalidRequest("messages must contain at least one message", param="messages")
         prompt, interaction, chain = self.build_prompt(session, req)
         ctx = self.context_length
         if len(prompt) >= ctx:
-            raise ContextLengthExceeded(
-                f"the prompt is {len(prompt)} tokens; this model's context is {ctx} tokens",
-                param="messages",
-            )
+            raise ContextLengthExceeded(prompt_tokens=len(prompt), limit=ctx, param="messages")
         max_new = ctx - len(prompt)
         max_new = min(max_new, req.max_tokens if req.max_tokens is not None else self.config.default_max_tokens)
         if self.config.max_tokens_cap is not None:
@@ -177,7 +192,7 @@ class GenerationService:
                 raise ContextLengthExceeded(
                     f"max_total_tokens={req.max_total_tokens} leaves no room after the "
                     f"{len(prompt)}-token prompt",
-                    param="max_total_tokens",
+                    prompt_tokens=len(prompt), limit=req.max_total_tokens, param="max_total_tokens",
                 )
         try:
             sampling = SamplingParams(
@@ -200,19 +215,33 @@ class GenerationService:
             "seed": req.seed,
             "max_new_tokens": max_new,
         }
-        return Prepared(session, req, interaction_id, api, prompt, sampling,
-                        interaction if req.store else None, call_id, chain)
+        interaction.client_store = req.store
+        return Prepared(session, req, interaction_id, api, prompt, sampling, interaction, call_id, chain,
+                        received_at)
 
     # ------------------------------------------------------------------ run
 
+    def _tool_parser_name(self, p: Prepared) -> str | None:
+        """The tool parser that runs for this request (None: tool parsing is off)."""
+        if p.request.tools and p.request.tool_choice != "none" and self.tool_parser:
+            return self.tool_parser
+        return None
+
     def _assembler(self, p: Prepared) -> OutputAssembler:
-        parse_tools = bool(p.request.tools) and p.request.tool_choice != "none" and self.config.tool_parser
+        parser = self._tool_parser_name(p)
+        tools = get_tool_parser(parser, {t.name: t.parameters for t in p.request.tools}) if parser else None
+        reasoning = None
+        if self.reasoning_parser:
+            # Templates whose generation prompt opens the reasoning block (Qwen3-Thinking-2507,
+            # DeepSeek-R1) produce replies that start inside it.
+            reasoning = get_reasoning_parser(self.reasoning_parser,
+                                             starts_in_reasoning=self.renderer.reasoning_open(p.prompt_ids))
         return OutputAssembler(
             self.tokenizer,
             stop_token_ids=self.stop_token_ids,
             stop_strings=p.request.stop,
-            tool_parser=get_tool_parser(self.config.tool_parser) if parse_tools else None,  # type: ignore[arg-type]
-            reasoning_parser=get_reasoning_parser(self.config.reasoning_parser) if self.config.reasoning_parser else None,
+            tool_parser=tools,
+            reasoning_parser=reasoning,
             call_id=p.call_id,
         )
 
@@ -226,14 +255,16 @@ class GenerationService:
         versions: list[int] = []
         engine_finish: str | None = None
         final: Finished | None = None
+        first_token_at: float | None = None
         stream = self.engine.stream(
             GenerateRequest(p.prompt_ids, p.sampling, request_id=p.interaction_id, session_id=p.session.id)
         )
-        if p.interaction is not None:
-            self.sessions.add_interaction(p.session, p.interaction)
+        self.sessions.add_interaction(p.session, p.interaction)
         p.session.in_flight += 1
         try:
             async for delta in stream:
+                if first_token_at is None and delta.token_ids:
+                    first_token_at = time.perf_counter()
                 events: list[Any] = []
                 for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions, strict=True):
                     ids.append(tok)
@@ -252,21 +283,21 @@ class GenerationService:
                     break
             for ev in assembler.finish():
                 yield ev
-            final = self._record(p, assembler, ids, logprobs, versions, engine_finish)
+            final = self._record(p, assembler, ids, logprobs, versions, engine_finish, first_token_at)
         except EngineError as exc:
-            self._fail(p, f"engine error: {exc.message}")
+            self._fail(p, f"engine error: {exc.message}", len(ids), first_token_at)
             raise UpstreamError(exc.message, status=exc.status, code=exc.code) from exc
         except ValueError as exc:  # zip(strict=True): an engine broke its own contract
-            self._fail(p, f"malformed engine output: {exc}")
+            self._fail(p, f"malformed engine output: {exc}", len(ids), first_token_at)
             raise UpstreamError(f"malformed engine output: {exc}") from exc
         except Exception as exc:
-            self._fail(p, f"internal error: {exc!r}")
+            self._fail(p, f"internal error: {exc!r}", len(ids), first_token_at)
             raise
         finally:
             await _close_quietly(stream)  # aborts the engine request if it is still running
-            if final is None and p.interaction is not None and p.interaction.status == "pending":
+            if final is None and not p.reported:
                 # The consumer went away (disconnect / cancellation): keep what was generated.
-                self._record(p, assembler, ids, logprobs, versions, "abort")
+                self._record(p, assembler, ids, logprobs, versions, "abort", first_token_at)
             p.session.in_flight -= 1
         try:  # the final event (finish reason, usage) is sent only once the interaction is on disk
             await self.sessions.store.wait_durable()
@@ -274,9 +305,22 @@ class GenerationService:
             raise Unavailable(str(exc), code="store_unavailable") from exc
         yield final
 
-    def _fail(self, p: Prepared, error: str) -> None:
-        if p.interaction is not None and p.interaction.status == "pending":
+    def _fail(self, p: Prepared, error: str, generated: int, first_token_at: float | None) -> None:
+        if p.interaction.status == "pending":
             self.sessions.fail_interaction(p.session, p.interaction, error)
+        self._report(p, GenerationOutcome(
+            api=p.api, streamed=p.streamed, finish_reason="error", prompt_tokens=len(p.prompt_ids),
+            completion_tokens=generated, ttft_s=None, total_s=0.0), first_token_at)
+
+    def _report(self, p: Prepared, outcome: GenerationOutcome, first_token_at: float | None) -> None:
+        """Hand the outcome to the metrics and guards, once per run."""
+        if p.reported:
+            return
+        p.reported = True
+        now = time.perf_counter()
+        outcome.total_s = now - p.received_at
+        outcome.ttft_s = first_token_at - p.received_at if first_token_at is not None else None
+        self.metrics.record_generation(outcome)
 
     def _record(
         self,
@@ -286,6 +330,7 @@ class GenerationService:
         logprobs: list[float],
         versions: list[int],
         engine_finish: str | None,
+        first_token_at: float | None = None,
     ) -> Finished:
         out = assembler.result
         kept = assembler.kept_tokens
@@ -301,7 +346,7 @@ class GenerationService:
             finish = "tool_calls"
         message = out.to_message()
         inter = p.interaction
-        if inter is not None and inter.status == "pending":
+        if inter.status == "pending":
             inter.output_ids = ids[:kept]
             inter.output_logprobs = logprobs[:kept]
             inter.output_versions = versions[:kept]
@@ -310,6 +355,18 @@ class GenerationService:
             inter.output_message = message
             inter.prefix_key = p.chain.copy().add(message).hexdigest()
             self.sessions.complete_interaction(p.session, inter)
+        log.debug("session %s turn %s: %s, %d prompt + %d generated tokens, finish %s (%s)", p.session.id,
+                  p.interaction_id, inter.relation if inter is not None else "-", len(p.prompt_ids), kept, finish,
+                  stop_kind)
+        parser = self._tool_parser_name(p)
+        text = out.content
+        self._report(p, GenerationOutcome(
+            api=p.api, streamed=p.streamed, finish_reason=finish, prompt_tokens=len(p.prompt_ids),
+            completion_tokens=kept, ttft_s=None, total_s=0.0, parser=parser, tool_calls=len(out.tool_calls),
+            parse_failures=unparsed_tool_blocks(text, parser) if parser else 0,
+            unparsed_markup=unparsed_tool_blocks(text), empty=is_empty_reply(message),
+            relation=inter.relation if inter is not None else None,
+            fork_reason=inter.fork_reason if inter is not None else None), first_token_at)
         return Finished(
             interaction_id=p.interaction_id,
             content=out.content,
@@ -326,6 +383,7 @@ class GenerationService:
     async def complete(self, p: Prepared) -> Finished:
         """Run to the end and return only the final result (non-streaming surfaces)."""
         final: Finished | None = None
+        p.streamed = False
         async for ev in self.run(p):
             if isinstance(ev, Finished):
                 final = ev

@@ -30,6 +30,7 @@ from rlgate.errors import (
     RateLimited,
     Unavailable,
 )
+from rlgate.metrics.gateway import GatewayMetrics
 from rlgate.store.base import Store
 from rlgate.trajectory.export import ExportStyle, export_samples
 from rlgate.trajectory.interaction import Interaction, Session, TrajectoryMode
@@ -45,17 +46,21 @@ def hash_key(key: str) -> str:
 
 
 class SessionManager:
-    def __init__(self, config: GatewayConfig, store: Store, naming: SessionNaming | None = None) -> None:
+    def __init__(self, config: GatewayConfig, store: Store, naming: SessionNaming | None = None,
+                 metrics: GatewayMetrics | None = None) -> None:
         self.config = config
         self.store = store
         self.naming: SessionNaming = naming or DefaultNaming()
+        self.gateway_metrics = metrics if metrics is not None else GatewayMetrics(config)  # Prometheus + guards
         self.sessions: dict[str, Session] = {}
         self._by_key: dict[str, str] = {}  # key digest -> session id
         self.capacity = 0  # admissions left in "granted" capacity mode
         self._admin_hash = hash_key(config.admin_key)
         self.metrics: dict[str, int] = {
             "sessions_started": 0,
+            "sessions_ended": 0,
             "sessions_exported": 0,
+            "sessions_interrupted": 0,
             "interactions_completed": 0,
             "interactions_failed": 0,
             "interactions_aborted": 0,
@@ -75,6 +80,7 @@ class SessionManager:
         409 / 410 with the reason); keys of exported sessions stay retired (401).
         """
         self.capacity = int(self.store.load_meta().get("capacity", 0))
+        cut = 0
         for s in self.store.load():
             if s.exported_at is not None and self.config.retain_exported <= 0:
                 self.store.delete_session(s.id)  # exported before the restart; no audit retention now
@@ -82,12 +88,14 @@ class SessionManager:
             if s.status == "active":
                 s.status = "interrupted"
                 s.ended_at = time.time()
+                self.metrics["sessions_interrupted"] += 1
                 self.store.save_session(s)
                 log.debug("session %s was active at shutdown: marked interrupted", s.id)
             for i in s.interactions.values():
                 if i.status == "pending":
                     i.status = "failed"
                     i.error = "gateway stopped during generation"
+                    cut += 1
                     self.store.save_interaction(i)
                 if i.completed:
                     i.prefix_key = i.prefix_key or interaction_key(i)
@@ -97,6 +105,7 @@ class SessionManager:
             if s.exported_at is None:  # later sessions (created_at order) win a reused key
                 self._by_key[s.key_hash] = s.id
                 self._finished[s.id] = None
+        self.gateway_metrics.record_restart(cut)
         if self.sessions:
             by_status: dict[str, int] = {}
             for s in self.sessions.values():
@@ -124,6 +133,14 @@ class SessionManager:
 
     def open_sessions(self) -> int:
         return sum(1 for s in self.sessions.values() if s.status == "active")
+
+    def sessions_by_status(self) -> dict[str, int]:
+        """Held sessions by status; sessions kept for audit after export count as "exported"."""
+        out: dict[str, int] = {}
+        for s in self.sessions.values():
+            key = "exported" if s.exported_at is not None else s.status
+            out[key] = out.get(key, 0) + 1
+        return out
 
     def start_session(
         self,
@@ -212,6 +229,7 @@ class SessionManager:
         if session.status == "active":
             session.status = "ended"
             session.ended_at = time.time()
+            self.metrics["sessions_ended"] += 1
             self.store.save_session(session)
             self._mark_finished(session)
             log.info("session %s ended with %d interactions", session.id, len(session.interactions))
@@ -270,7 +288,10 @@ class SessionManager:
         discount: float = 1.0,
         keep: bool = False,
         wait_timeout: float = 0.0,
+        current_version: int | None = None,
     ) -> dict[str, Any]:
+        """The session's samples (see trajectory/export.py); ``current_version``: the engine's weight
+        version now, for the staleness metrics (None: not measured)."""
         session = self.sessions.get(session_id)
         if session is None or session.exported_at is not None:
             raise NotFound(f"session {session_id!r} not found (never started, or already exported)")
@@ -284,7 +305,11 @@ class SessionManager:
                     code="session_active",
                 )
             await asyncio.sleep(min(left, 0.02))
-        samples, stats = export_samples(list(session.interactions.values()), style=style, discount=discount)
+        samples, stats = export_samples(list(session.interactions.values()), style=style, discount=discount,
+                                        task_id=session.task_id)
+        interactions = [s.to_dict() for s in samples]
+        if not keep:  # a kept export is a look (e.g. a reward function's, before rewards): counted once, at the end
+            self.gateway_metrics.record_export(interactions, stats, style, current_version)
         response = {
             "session_id": session.id,
             "task_id": session.task_id,
@@ -293,7 +318,7 @@ class SessionManager:
             "discount": discount,
             "mode": session.mode,
             "stats": stats,
-            "interactions": samples,
+            "interactions": interactions,
         }
         # The response is fully built: only now may the session go.
         if not keep:

@@ -4,6 +4,10 @@ Request conversion (Anthropic -> rlgate's internal conversation)
 -----------------------------------------------------------------
 * ``system`` (string or text blocks) -> one leading ``system`` message; the blocks'
   texts are concatenated verbatim (as text parts of any message are).
+* a ``{"role": "system"}`` entry of ``messages`` (a mid-conversation system message) ->
+  a ``system`` message at its place, rendered as the chat template renders system text;
+  Anthropic's placement rules are enforced (not first, right after a user message, then
+  an assistant message or the end).
 * ``text`` -> text part; ``image`` -> :class:`ImagePart` (base64 data + media type,
   or a URL that is kept as a reference and never fetched).
 * assistant ``tool_use`` -> :class:`ToolCall` (arguments = ``json.dumps(input)``);
@@ -49,6 +53,7 @@ from rlgate.api.anthropic.protocol import (
     ToolUseBlockParam,
 )
 from rlgate.api.common import extra_fields, sse, tool_spec
+from rlgate.api.keepalive import KeepAlive, with_keepalive
 from rlgate.chat.conversation import ContentPart, ImagePart, Message, TextPart, ToolCall, ToolSpec
 from rlgate.chat.output import ContentDelta, OutputEvent, ReasoningDelta, ToolCallDelta
 from rlgate.core.generation import Finished, GenerationService, Prepared
@@ -141,6 +146,25 @@ def _convert_assistant(m: MessageParam, i: int, calls: dict[str, str]) -> Messag
     return Message(role="assistant", content=parts, tool_calls=tool_calls, reasoning="\n".join(reasoning) or None)
 
 
+def _convert_system(messages: list[MessageParam], i: int) -> Message:
+    """A mid-conversation system message, checked against Anthropic's placement rules: not
+    first, right after a user message, followed by an assistant message or nothing; text only."""
+    where = f"messages[{i}]"
+    if i == 0:
+        raise InvalidRequest(f"{where}: a system message cannot be the first message; put the system prompt in "
+                             "the top-level system field", param=f"{where}.role")
+    if messages[i - 1].role != "user":
+        raise InvalidRequest(f"{where}: a system message in messages must come right after a user message",
+                             param=f"{where}.role")
+    if i + 1 < len(messages) and messages[i + 1].role != "assistant":
+        raise InvalidRequest(f"{where}: a system message in messages must be the last message or be followed by "
+                             "an assistant message", param=f"{where}.role")
+    for j, b in enumerate(messages[i].content):
+        if not isinstance(b, TextBlockParam):
+            raise InvalidRequest(f"{where}: a system message can only contain text blocks", param=f"{where}.content[{j}]")
+    return Message(role="system", content=_parts(messages[i].content))  # type: ignore[arg-type]
+
+
 def convert_messages(body: MessageCreateRequest | CountTokensRequest) -> list[Message]:
     if not body.messages:
         raise InvalidRequest("messages must contain at least one message", param="messages")
@@ -153,6 +177,8 @@ def convert_messages(body: MessageCreateRequest | CountTokensRequest) -> list[Me
     for i, m in enumerate(body.messages):
         if m.role == "user":
             out += _convert_user(m, i, calls)
+        elif m.role == "system":
+            out.append(_convert_system(body.messages, i))
         else:
             out.append(_convert_assistant(m, i, calls))
     return out
@@ -207,7 +233,6 @@ def to_chat_request(body: MessageCreateRequest | CountTokensRequest) -> ChatRequ
         req.top_k = body.top_k or 0
         req.seed = body.seed
         req.stop = list(body.stop_sequences or [])
-        req.store = True if body.store is None else body.store
     return req
 
 
@@ -334,8 +359,10 @@ async def stream_events(service: GenerationService, prepared: Prepared, model: s
     yield sse({"type": "ping"}, event="ping")
     builder = BlockBuilder()
     try:
-        async for ev in service.run(prepared):
-            if isinstance(ev, Finished):
+        async for ev in with_keepalive(service.run(prepared), service.config.stream_keepalive_interval):
+            if isinstance(ev, KeepAlive):
+                yield sse({"type": "ping"}, event="ping")
+            elif isinstance(ev, Finished):
                 for name, data in builder.close():
                     yield sse(data, event=name)
                 reason, sequence = stop_reason(ev)
