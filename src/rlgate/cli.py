@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import os
@@ -73,6 +74,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fake-token-delay", type=float, default=0.0, help="--engine fake: seconds between tokens")
     p.add_argument("--device", default=None, help="--engine local: torch device (default cuda if available)")
     p.add_argument("--max-batch-size", type=int, default=64, help="--engine local: concurrent sequences")
+    p.add_argument("--max-rows-per-session", type=int, default=None,
+                   help="--engine local: batch rows one session may hold (default: half of --max-batch-size)")
     from rlgate.engine.remote.options import add_remote_args
 
     add_remote_args(p)
@@ -106,7 +109,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info", type=str.lower,
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log one line per request (never keys)")
-    add_config_args(p, OBSERVABILITY_FIELDS)
+    add_config_args(p, OBSERVABILITY_FIELDS + HARDENING_FIELDS)
     add_cluster_args(p)
 
 
@@ -116,6 +119,10 @@ OBSERVABILITY_FIELDS = ("metrics_port", "metrics_host", "ui", "ui_login_ttl", "g
                         "guard_empty_reply_ratio", "guard_fork_ratio", "guard_unaligned_turn_ratio",
                         "guard_missing_reward_ratio", "guard_stale_lag", "guard_stale_token_ratio",
                         "guard_abort_ratio", "guard_store_failure_ratio")
+# the bounds of docs/operations.md "Limits" that issue 15 added (docs/security.md)
+HARDENING_FIELDS = ("allow_template_override", "render_timeout", "render_workers", "max_json_depth",
+                    "max_image_bytes", "max_image_bytes_per_session", "rate_limit_per_key", "rate_limit_burst",
+                    "header_timeout", "body_timeout", "max_buffered_body_bytes", "max_connections")
 
 
 def add_config_args(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
@@ -203,7 +210,7 @@ def gateway_config(args: argparse.Namespace, admin_key: str) -> Any:
         stream_keepalive_interval=args.stream_keepalive_interval,
         shutdown_timeout=args.shutdown_timeout,
         cors_origins=list(args.cors_origin),
-        **config_values(args, OBSERVABILITY_FIELDS),
+        **config_values(args, OBSERVABILITY_FIELDS + HARDENING_FIELDS),
     )
 
 
@@ -228,7 +235,7 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         from rlgate.engine.local import LocalEngine
 
         engine = LocalEngine(args.model, device=args.device, max_batch_size=args.max_batch_size,
-                             max_context_length=args.context_length)
+                             max_context_length=args.context_length, max_rows_per_session=args.max_rows_per_session)
     try:
         store = open_store(args.store, data_dir=args.data_dir, synchronous=args.store_sync)
     except StoreError as exc:
@@ -236,7 +243,7 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     logging.getLogger("rlgate").info("store: %s", getattr(store, "path", ":memory: (nothing is persisted)"))
     try:
         app = create_app(config, engine, store, tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model))
-    except ValueError as exc:  # an unknown --renderer / parser name
+    except (StoreError, ValueError) as exc:  # the store file could not be loaded; an unknown --renderer / parser
         store.close()
         raise SystemExit(f"rlgate: {exc}") from exc
     except BaseException:
@@ -248,16 +255,29 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     return app
 
 
+def write_secret_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` with mode 0600 without following a link planted at ``path``:
+    a new file is written next to it (created 0600, exclusively) and renamed over the path,
+    which replaces a symlink itself rather than the file it points to."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600, O_EXCL
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     _offline_env()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     admin_key, generated = resolve_admin_key(args)
     if args.admin_key_file:
-        path = Path(args.admin_key_file)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(admin_key + "\n")
-        os.chmod(path, 0o600)
+        write_secret_file(Path(args.admin_key_file), admin_key + "\n")
     if generated:
         if args.admin_key_file:
             print(f"rlgate: generated an admin key; written to {args.admin_key_file} (mode 0600)", flush=True)

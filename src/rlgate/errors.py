@@ -19,9 +19,13 @@ Hierarchy::
     ├── Conflict (409)
     ├── Gone (410)
     ├── PayloadTooLarge (413)
+    ├── RequestTimeout (408)
     ├── RateLimited (429)
+    ├── InternalError (500)
     ├── UpstreamError (502)
     └── Unavailable (503)
+
+``retry_after`` (seconds) becomes a ``Retry-After`` header on the response.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ class GatewayError(Exception):
     default_code: str | None = None
 
     def __init__(
-        self, message: str, *, param: str | None = None, code: str | None = None, status: int | None = None
+        self, message: str, *, param: str | None = None, code: str | None = None, status: int | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -44,6 +49,11 @@ class GatewayError(Exception):
         self.code = code or self.default_code
         if status is not None:
             self.status = status
+        self.retry_after = retry_after
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.retry_after)} if self.retry_after is not None else {}
 
     def message_for(self, surface: str) -> str:
         """The message in the wording of the API that serves the request (``anthropic`` / ``openai``)."""
@@ -115,11 +125,25 @@ class PayloadTooLarge(GatewayError):
     default_code = "request_too_large"
 
 
+class RequestTimeout(GatewayError):
+    status = 408
+    default_code = "request_timeout"
+
+
 class RateLimited(GatewayError):
     status = 429
     openai_type = "rate_limit_error"
     anthropic_type = "rate_limit_error"
     default_code = "rate_limited"
+
+
+class InternalError(GatewayError):
+    """A bug of the gateway's own (never the client's fault)."""
+
+    status = 500
+    openai_type = "server_error"
+    anthropic_type = "api_error"
+    default_code = "internal_error"
 
 
 class UpstreamError(GatewayError):
@@ -159,8 +183,10 @@ def from_status(status: int, message: str) -> GatewayError:
         404: NotFound,
         409: Conflict,
         410: Gone,
+        408: RequestTimeout,
         413: PayloadTooLarge,
         429: RateLimited,
+        500: InternalError,
         502: UpstreamError,
         503: Unavailable,
     }.get(status, InvalidRequest)

@@ -29,6 +29,13 @@ for the last assistant turn only (Qwen3), rewriting earlier turns — does not m
 the text after the parent's turn is used. The cost of a turn does not depend on the length
 of the conversation. :class:`BridgeError` is raised only when the sentinel or the suffix
 cannot be found (a template that does not write assistant text verbatim).
+
+Bounds (issue 15, :mod:`rlgate.chat.prompt_bounds`): ``max_chars`` refuses a rendered text
+that cannot fit the context before it is tokenized (:class:`PromptTooLong`); long texts are
+tokenized with the GIL released (the caller runs them on a worker thread); the assistant
+suffix is memoised in a :class:`~rlgate.chat.render_cache.RenderCache` owned by the caller
+(one per session, bounded), never in the renderer; :attr:`ChatRenderer.reserved_kwargs` names
+the template kwargs a client must not set (``chat_template``...).
 """
 
 from __future__ import annotations
@@ -37,8 +44,17 @@ from typing import Any
 
 from rlgate.chat.conversation import ImagePart, Message, TextPart, ToolSpec, canonical_json
 from rlgate.chat.families.base import BridgeError, ParentTurn, TemplateError
+from rlgate.chat.prompt_bounds import (
+    PromptTooLong,
+    check_chars,
+    encode,
+    max_token_chars,
+    reserved_template_kwargs,
+)
+from rlgate.chat.render_cache import RenderCache
 
-__all__ = ["BridgeError", "ChatRenderer", "TemplateError", "message_to_template"]
+__all__ = ["BridgeError", "ChatRenderer", "PromptTooLong", "TemplateError", "message_to_template",
+           "max_token_chars", "reserved_template_kwargs"]
 
 _SENTINEL = "RLGATE_SENTINEL_7f3a"
 _PLACEHOLDER_USER = Message.of("user", "hi")
@@ -89,8 +105,8 @@ class ChatRenderer:
         # Stop tokens that stand for the template's turn close (harmony: the generated <|return|>
         # takes the place of the <|end|> the template writes after a historical reply).
         self.close_aliases = dict(close_aliases or {})
-        # Memoised per (tools, template kwargs): the text after an assistant message.
-        self._suffix_cache: dict[str, str] = {}
+        self.reserved_kwargs = reserved_template_kwargs(tokenizer)
+        self.max_token_chars = max_token_chars(tokenizer)
 
     # ------------------------------------------------------------------ primitives
 
@@ -117,7 +133,11 @@ class ChatRenderer:
             raise TemplateError(f"the chat template could not render the conversation: {exc}") from exc
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return encode(self.tokenizer, text)  # long texts: GIL released
+
+    def _encode_bounded(self, text: str, max_chars: int | None) -> list[int]:
+        check_chars(text, max_chars)
+        return self.encode(text)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -129,9 +149,13 @@ class ChatRenderer:
         messages: list[Message],
         tools: list[ToolSpec] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        *,
+        max_chars: int | None = None,
     ) -> list[int]:
-        """Fresh rendering of the whole conversation, ending with the generation prompt."""
-        return self.encode(self.render_text(messages, tools, template_kwargs=template_kwargs))
+        """Fresh rendering of the whole conversation, ending with the generation prompt.
+
+        Raises :class:`PromptTooLong` instead of tokenizing a text over ``max_chars``."""
+        return self._encode_bounded(self.render_text(messages, tools, template_kwargs=template_kwargs), max_chars)
 
     def reasoning_open(self, prompt_ids: list[int]) -> bool:
         if not self.reasoning_start or not prompt_ids:
@@ -139,11 +163,14 @@ class ChatRenderer:
         return self.decode(prompt_ids[-8:]).rstrip().endswith(self.reasoning_start)
 
     def assistant_suffix(
-        self, tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None, cache_key: str | None = None
+        self, tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None, cache_key: str | None = None,
+        cache: RenderCache | None = None,
     ) -> str:
-        """What the template writes after an assistant message's text, up to the next turn."""
+        """What the template writes after an assistant message's text, up to the next turn
+        (memoised in ``cache``, the caller's, when given)."""
         key = cache_key or canonical_json([[t.to_openai() for t in tools or []], template_kwargs or {}])
-        if key not in self._suffix_cache:
+        cached = cache.get(key) if cache is not None else None
+        if cached is None:
             base = [_PLACEHOLDER_USER, Message.of("assistant", _SENTINEL)]
             text = self.render_text(base, tools, add_generation_prompt=False, template_kwargs=template_kwargs)
             if _SENTINEL not in text:
@@ -159,8 +186,10 @@ class ChatRenderer:
                 suffix = after[: len(after) - len(user)] if user and after.endswith(user) else ""
                 if not suffix:
                     raise BridgeError("the chat template writes nothing after an assistant turn")
-            self._suffix_cache[key] = suffix
-        return self._suffix_cache[key]
+            if cache is not None:
+                cache.put(key, suffix)
+            return suffix
+        return cached
 
     def bridge_ids(
         self,
@@ -171,9 +200,13 @@ class ChatRenderer:
         tools: list[ToolSpec] | None = None,
         template_kwargs: dict[str, Any] | None = None,
         cache_key: str | None = None,
+        cache: RenderCache | None = None,
+        max_chars: int | None = None,
     ) -> list[int]:
-        """Tokens that follow a parent's generated tokens (see module docstring)."""
-        suffix = self.assistant_suffix(tools, template_kwargs, cache_key)
+        """Tokens that follow a parent's generated tokens (see module docstring). ``cache_key``
+        identifies ``(tools, template_kwargs)`` for memoising the assistant suffix in ``cache``;
+        ``max_chars`` bounds the bridge text (:class:`PromptTooLong`)."""
+        suffix = self.assistant_suffix(tools, template_kwargs, cache_key, cache)
         glue = suffix
         if parent.stop_text:
             close = self.close_aliases.get(parent.stop_text, parent.stop_text)
@@ -186,4 +219,4 @@ class ChatRenderer:
         end = full.find(suffix, at + len(_SENTINEL)) if at >= 0 else -1
         if end < 0:
             raise BridgeError("the chat template does not render the parent's reply verbatim")
-        return self.encode(glue + full[end + len(suffix):])
+        return self._encode_bounded(glue + full[end + len(suffix):], max_chars)
