@@ -28,13 +28,15 @@ def add_remote_args(p: argparse.ArgumentParser) -> None:
                    help="refuse (400) sampling parameters for which the backend's reported logprobs are not "
                         "log_softmax(logits / T) (see docs/remote-engines.md)")
     g.add_argument("--sglang-pause-mode", choices=["retract", "in_place", "abort"], default="retract",
-                   help="how SGLang pauses in-flight requests during a weight update")
+                   help="how SGLang pauses in-flight requests during a weight update (abort: they are resumed "
+                        "from their prefix, transparently)")
     g.add_argument("--sglang-return-original-logprob", action="store_true",
                    help="the SGLang servers run with SGLANG_RETURN_ORIGINAL_LOGPROB=1")
     g.add_argument("--vllm-logprobs-mode", choices=["raw_logprobs", "processed_logprobs"], default="raw_logprobs",
                    help="the vLLM servers' --logprobs-mode (read from /server_info in dev mode)")
-    g.add_argument("--vllm-pause-mode", choices=["wait", "keep", "abort"], default="wait",
-                   help="how vLLM pauses in-flight requests during a weight update")
+    g.add_argument("--vllm-pause-mode", choices=["abort", "wait", "keep"], default="abort",
+                   help="how vLLM pauses in-flight requests during a weight update (abort: they are resumed "
+                        "from their prefix, transparently)")
 
 
 def remote_engine_options(args: argparse.Namespace, *, fallback_context: int | None) -> dict[str, Any]:
