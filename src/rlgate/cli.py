@@ -8,8 +8,11 @@ import logging
 import os
 import secrets
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from rlgate.config import GatewayConfig, add_arguments, from_arguments, option
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 
@@ -36,57 +39,34 @@ def _offline_env() -> None:
 # --------------------------------------------------------------------------- serve
 
 
-def add_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="Hugging Face checkpoint directory (tokenizer + weights; "
-                   "with --engine fake/sglang/vllm only the tokenizer is needed)")
-    p.add_argument("--engine", choices=["local", "fake", "sglang", "vllm"], default="local",
-                   help="local: PyTorch in this process; fake: scripted; sglang / vllm: drive inference servers "
-                   "(--backend-url)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--admin-key", default=None, help="admin key (default: $RLGATE_ADMIN_KEY, else generated)")
-    p.add_argument("--admin-key-file", default=None, help="write the (generated) admin key to this file, mode 0600")
-    p.add_argument("--capacity-mode", choices=["unlimited", "granted"], default="unlimited")
-    p.add_argument("--trajectory-mode", choices=["token_exact", "rerender"], default="token_exact")
-    p.add_argument("--tool-parser", default="hermes", help="tool-call parser ('none' to disable)")
-    p.add_argument("--reasoning-parser", default=None, help="reasoning parser, e.g. 'think'")
-    p.add_argument("--context-length", type=int, default=None)
-    p.add_argument("--default-max-tokens", type=int, default=512)
-    p.add_argument("--max-tokens-cap", type=int, default=None)
-    p.add_argument("--model-name", default=None, help="name listed by /v1/models (default: directory name)")
-    p.add_argument("--fake-output-tokens", type=int, default=16, help="--engine fake: tokens per reply")
-    p.add_argument("--fake-token-delay", type=float, default=0.0, help="--engine fake: seconds between tokens")
-    p.add_argument("--device", default=None, help="--engine local: torch device (default cuda if available)")
-    p.add_argument("--max-batch-size", type=int, default=64, help="--engine local: concurrent sequences")
-    from rlgate.engine.remote.options import add_remote_args
+@dataclass
+class ServeOptions:
+    """``rlgate serve``'s own flags; the gateway's, the engines' and the store's come from
+    their configuration classes (:func:`add_serve_args`)."""
 
-    add_remote_args(p)
-    p.add_argument("--store", default=os.environ.get("RLGATE_STORE"),
-                   help="SQLite file for sessions and trajectories, or ':memory:' (keep nothing) "
-                   "(default: $RLGATE_STORE, else DATA_DIR/rlgate.sqlite)")
-    p.add_argument("--data-dir", default=None,
-                   help="server data directory (default: $RLGATE_DATA_DIR, else $XDG_DATA_HOME/rlgate, "
-                   "else ~/.local/share/rlgate)")
-    p.add_argument("--store-sync", choices=["full", "normal"], default="full",
-                   help="full: fsync every commit (survives power loss); normal: survives a gateway crash only")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="SIGTERM: seconds requests in flight get to finish")
-    p.add_argument("--session-idle-timeout", type=float, default=3600.0)
-    p.add_argument("--sweep-interval", type=float, default=60.0, help="seconds between idle-session sweeps")
-    p.add_argument("--max-sessions", type=int, default=10_000)
-    p.add_argument("--max-stored-sessions", type=int, default=100_000)
-    p.add_argument("--max-interactions-per-session", type=int, default=10_000)
-    p.add_argument("--max-concurrent-requests-per-session", type=int, default=64)
-    p.add_argument("--max-messages-per-request", type=int, default=10_000)
-    p.add_argument("--max-tools", type=int, default=512)
-    p.add_argument("--max-stop-sequences", type=int, default=16)
-    p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
-    p.add_argument("--retain-exported", type=float, default=0.0)
-    p.add_argument("--cors-origin", action="append", default=[], help="allow this CORS origin (repeatable)")
+    model: str = option(help="Hugging Face checkpoint directory (tokenizer + weights; with --engine fake / sglang "
+                        "/ vllm only the tokenizer is needed)", metavar="DIR")
+    host: str = option("127.0.0.1", "address to bind (one that is not loopback needs an explicit admin key)")
+    port: int = option(8000, "port to bind", metavar="PORT")
+    admin_key: str | None = option(None, "admin key (none: $RLGATE_ADMIN_KEY, else a generated one)", metavar="KEY")
+    admin_key_file: str | None = option(None, "write the (generated) admin key to this file, mode 0600",
+                                        metavar="PATH")
     # no "trace": uvicorn logs raw request headers (keys) at that level
-    p.add_argument("--log-level", default="info", type=str.lower,
-                   choices=["critical", "error", "warning", "info", "debug"])
-    p.add_argument("--access-log", action="store_true", help="log one line per request (never keys)")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = option("info", "log level")
+    access_log: bool = option(False, "log one line per request (never keys)")
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """Every ``rlgate serve`` flag, generated from the configuration classes."""
+    from rlgate.engine.options import EngineOptions
+    from rlgate.engine.remote.options import RemoteOptions
+    from rlgate.store.base import StoreOptions
+
+    add_arguments(p, ServeOptions)
+    add_arguments(p.add_argument_group("gateway"), GatewayConfig)
+    add_arguments(p.add_argument_group("engine"), EngineOptions)
+    add_arguments(p.add_argument_group("remote engines (--engine sglang | vllm)"), RemoteOptions)
+    add_arguments(p.add_argument_group("store"), StoreOptions)
 
 
 def resolve_admin_key(args: argparse.Namespace) -> tuple[str, bool]:
@@ -103,53 +83,38 @@ def resolve_admin_key(args: argparse.Namespace) -> tuple[str, bool]:
 
 
 def build_app(args: argparse.Namespace, admin_key: str) -> Any:
-    from rlgate.config import GatewayConfig
+    from rlgate.engine.options import EngineOptions
     from rlgate.model import context_length, load_tokenizer, stop_token_ids
     from rlgate.server.app import create_app
-    from rlgate.store import StoreError, open_store
+    from rlgate.store import StoreError, StoreOptions, open_store
 
     tokenizer = load_tokenizer(args.model)
-    config = GatewayConfig(
-        admin_key=admin_key,
-        capacity_mode=args.capacity_mode,
-        trajectory_mode=args.trajectory_mode,
-        tool_parser=None if args.tool_parser in (None, "none") else args.tool_parser,
-        reasoning_parser=args.reasoning_parser,
-        default_max_tokens=args.default_max_tokens,
-        max_tokens_cap=args.max_tokens_cap,
-        context_length=args.context_length,
-        model_name=args.model_name or Path(args.model).resolve().name,
-        session_idle_timeout=args.session_idle_timeout,
-        sweep_interval=args.sweep_interval,
-        max_sessions=args.max_sessions,
-        max_stored_sessions=args.max_stored_sessions,
-        max_interactions_per_session=args.max_interactions_per_session,
-        max_concurrent_requests_per_session=args.max_concurrent_requests_per_session,
-        max_messages_per_request=args.max_messages_per_request,
-        max_tools=args.max_tools,
-        max_stop_sequences=args.max_stop_sequences,
-        max_body_bytes=args.max_body_bytes,
-        retain_exported=args.retain_exported,
-        shutdown_timeout=args.shutdown_timeout,
-        cors_origins=list(args.cors_origin),
-    )
+    config = from_arguments(GatewayConfig, args, admin_key=admin_key)
+    if args.model_name is None:
+        config.model_name = Path(args.model).resolve().name
+    options = from_arguments(EngineOptions, args)
     engine: Any
-    if args.engine == "fake":
+    if options.engine == "fake":
         from rlgate.engine.fake import FakeEngine
 
-        engine = FakeEngine(tokenizer, output_tokens=args.fake_output_tokens, token_delay=args.fake_token_delay,
-                            max_context_length=args.context_length or context_length(args.model) or 32768)
-    elif args.engine in ("sglang", "vllm"):  # only the tokenizer is loaded in this process
-        from rlgate.engine.remote.options import remote_engine_from_args
+        engine = FakeEngine(tokenizer, output_tokens=options.fake_output_tokens, token_delay=options.fake_token_delay,
+                            max_context_length=config.context_length or context_length(args.model) or 32768)
+    elif options.engine in ("sglang", "vllm"):  # only the tokenizer is loaded in this process
+        from rlgate.engine.remote.options import RemoteOptions, remote_engine
 
-        engine = remote_engine_from_args(args, fallback_context=args.context_length or context_length(args.model))
+        try:
+            engine = remote_engine(options.engine, from_arguments(RemoteOptions, args),
+                                   fallback_context=config.context_length or context_length(args.model))
+        except ValueError as exc:
+            raise SystemExit(f"rlgate: {exc}") from exc
     else:
         from rlgate.engine.local import LocalEngine
 
-        engine = LocalEngine(args.model, device=args.device, max_batch_size=args.max_batch_size,
-                             max_context_length=args.context_length)
+        engine = LocalEngine(args.model, device=options.device, max_batch_size=options.max_batch_size,
+                             max_context_length=config.context_length)
+    store_options = from_arguments(StoreOptions, args)
     try:
-        store = open_store(args.store, data_dir=args.data_dir, synchronous=args.store_sync)
+        store = open_store(store_options.store, data_dir=store_options.data_dir, synchronous=store_options.store_sync)
     except StoreError as exc:
         raise SystemExit(f"rlgate: {exc}") from exc
     logging.getLogger("rlgate").info("store: %s", getattr(store, "path", ":memory: (nothing is persisted)"))

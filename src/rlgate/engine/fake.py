@@ -27,6 +27,7 @@ from rlgate.engine.base import (
     TokenDelta,
     WeightUpdateError,
 )
+from rlgate.engine.options import EngineOptions
 
 _FILLER = " the quick brown fox jumps over the lazy dog and runs away"
 
@@ -51,9 +52,9 @@ class FakeEngine(StreamingEngineMixin):
         tokenizer: Any = None,
         *,
         script: list[ScriptItem] | Callable[[GenerateRequest], ScriptItem] | None = None,
-        output_tokens: int = 16,
+        output_tokens: int = EngineOptions.fake_output_tokens,
         max_context_length: int = 2048,
-        token_delay: float = 0.0,
+        token_delay: float = EngineOptions.fake_token_delay,
         fail_with: EngineError | None = None,
     ) -> None:
         self.tokenizer = tokenizer

@@ -13,9 +13,25 @@ change is sent (see docs/operations.md, "Durability guarantee").
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
+from rlgate.config import option
 from rlgate.trajectory.interaction import Interaction, Session
+
+Synchronous = Literal["full", "normal"]
+
+
+@dataclass
+class StoreOptions:
+    """Where ``rlgate serve`` keeps sessions and trajectories (see docs/operations.md)."""
+
+    store: str | None = option(None, "SQLite file for sessions and trajectories, or ':memory:' (keep nothing); "
+                               "none: DATA_DIR/rlgate.sqlite", env="RLGATE_STORE", metavar="PATH")
+    data_dir: str | None = option(None, "server data directory (none: $RLGATE_DATA_DIR, else $XDG_DATA_HOME/rlgate, "
+                                  "else ~/.local/share/rlgate)", metavar="DIR")
+    store_sync: Synchronous = option("full", "full: a change is durable once fsynced (survives power loss); "
+                                     "normal: once written to the OS (survives a gateway crash only)")
 
 
 class StoreError(Exception):

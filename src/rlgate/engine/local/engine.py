@@ -51,6 +51,7 @@ from rlgate.engine.local.batch import Batch, Command, RequestState, coalesce
 from rlgate.engine.local.cache import PaddedCache, attention_layer_count
 from rlgate.engine.local.sampling import sample_tokens
 from rlgate.engine.local.weights import load_safetensors_dir, match_state_dict
+from rlgate.engine.options import EngineOptions
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -74,7 +75,7 @@ class LocalEngine(StreamingEngineMixin):
         model: PreTrainedModel | None = None,
         device: str | None = None,
         dtype: torch.dtype | None = None,
-        max_batch_size: int = 64,
+        max_batch_size: int = EngineOptions.max_batch_size,
         max_context_length: int | None = None,
     ) -> None:
         if (model_path is None) == (model is None):

@@ -47,6 +47,7 @@ from rlgate.engine.remote.errors import (
     describe_exc,
     error_text,
 )
+from rlgate.engine.remote.options import RemoteOptions
 from rlgate.engine.remote.pool import BackendPool, Failover
 from rlgate.engine.remote.weights import BackendWeights
 from rlgate.engine.remote.wire import Chunk, StreamState, check_tokens, drain, sse_data
@@ -73,15 +74,15 @@ class RemoteEngine(StreamingEngineMixin):
         backend_urls: Iterable[str],
         *,
         max_context_length: int | None = None,
-        failover: Failover = "fail",
-        health_interval: float = 5.0,
+        failover: Failover = RemoteOptions.failover,
+        health_interval: float = RemoteOptions.health_interval,
         health_timeout: float = 30.0,
         connect_timeout: float = 5.0,
-        read_timeout: float = 300.0,
+        read_timeout: float = RemoteOptions.backend_timeout,
         update_timeout: float = 1800.0,
-        max_connections: int = 512,
-        api_key: str | None = None,
-        strict_logprobs: bool = False,
+        max_connections: int = RemoteOptions.backend_max_connections,
+        api_key: str | None = RemoteOptions.backend_api_key,
+        strict_logprobs: bool = RemoteOptions.strict_logprobs,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         urls = [u.rstrip("/") for u in backend_urls]

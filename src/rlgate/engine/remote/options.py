@@ -1,63 +1,74 @@
-"""Command-line options of the remote engines and the factory ``rlgate serve`` uses.
+"""``rlgate serve`` options of the remote engines, and the factory that builds one from them.
 
 Kept apart from ``cli.py`` so that the gateway process imports neither torch-based
-engines nor model code when it drives SGLang / vLLM servers.
+engines nor model code when it drives SGLang / vLLM servers. The defaults here are the
+engines' own (``RemoteEngine`` and its subclasses read them from this class).
 """
 
 from __future__ import annotations
 
-import argparse
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from rlgate.config import option
+from rlgate.engine.remote.pool import Failover
+
+if TYPE_CHECKING:
+    from rlgate.engine.remote.engine import RemoteEngine
+
+__all__ = ["REMOTE_ENGINES", "RemoteOptions", "SGLangPauseMode", "VLLMLogprobsMode", "VLLMPauseMode", "remote_engine"]
 
 REMOTE_ENGINES = ("sglang", "vllm")
 
-
-def add_remote_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("remote engines (--engine sglang | vllm)")
-    g.add_argument("--backend-url", action="append", default=[], metavar="URL",
-                   help="an inference server (repeat for several); sessions stick to one backend")
-    g.add_argument("--backend-api-key", default=None, help="Bearer key the backends require (their --api-key)")
-    g.add_argument("--failover", choices=["fail", "move"], default="fail",
-                   help="requests of sessions pinned to a failed backend: answer 503 (fail) or move the session "
-                        "to another backend (move; token-exact, loses the prefix cache)")
-    g.add_argument("--health-interval", type=float, default=5.0, help="seconds between backend health checks")
-    g.add_argument("--backend-timeout", type=float, default=300.0,
-                   help="seconds a backend may stay silent in the middle of a generation")
-    g.add_argument("--backend-max-connections", type=int, default=512, help="connections per backend")
-    g.add_argument("--strict-logprobs", action="store_true",
-                   help="refuse (400) sampling parameters for which the backend's reported logprobs are not "
-                        "log_softmax(logits / T) (see docs/remote-engines.md)")
-    g.add_argument("--sglang-pause-mode", choices=["retract", "in_place", "abort"], default="retract",
-                   help="how SGLang pauses in-flight requests during a weight update")
-    g.add_argument("--sglang-return-original-logprob", action="store_true",
-                   help="the SGLang servers run with SGLANG_RETURN_ORIGINAL_LOGPROB=1")
-    g.add_argument("--vllm-logprobs-mode", choices=["raw_logprobs", "processed_logprobs"], default="raw_logprobs",
-                   help="the vLLM servers' --logprobs-mode (read from /server_info in dev mode)")
-    g.add_argument("--vllm-pause-mode", choices=["wait", "keep", "abort"], default="wait",
-                   help="how vLLM pauses in-flight requests during a weight update")
+SGLangPauseMode = Literal["retract", "in_place", "abort"]
+VLLMLogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
+VLLMPauseMode = Literal["wait", "keep", "abort"]
 
 
-def remote_engine_from_args(args: argparse.Namespace, *, fallback_context: int | None) -> Any:
-    """The SGLang or vLLM engine described by ``rlgate serve``'s arguments."""
-    if not args.backend_url:
-        raise SystemExit(f"rlgate: --engine {args.engine} needs at least one --backend-url")
-    common: dict[str, Any] = {
+@dataclass
+class RemoteOptions:
+    """Options of ``--engine sglang | vllm``."""
+
+    backend_url: list[str] = option(help="an inference server (repeat for several); sessions stick to one backend",
+                                    factory=list, metavar="URL")
+    backend_api_key: str | None = option(None, "Bearer key the backends require (their --api-key)", metavar="KEY")
+    failover: Failover = option("fail", "requests of sessions pinned to a failed backend: answer 503 (fail) or move "
+                                "the session to another backend (move; token-exact, loses the prefix cache)")
+    health_interval: float = option(5.0, "seconds between backend health checks (0: no health loop)")
+    backend_timeout: float = option(300.0, "seconds a backend may stay silent in the middle of a generation")
+    backend_max_connections: int = option(512, "connections per backend")
+    strict_logprobs: bool = option(False, "refuse (400) sampling parameters for which the backend's reported "
+                                   "logprobs are not log_softmax(logits / T) (see docs/remote-engines.md)")
+    sglang_pause_mode: SGLangPauseMode = option("retract", "how SGLang pauses in-flight requests during a weight "
+                                                "update")
+    sglang_return_original_logprob: bool = option(False, "the SGLang servers run with "
+                                                  "SGLANG_RETURN_ORIGINAL_LOGPROB=1")
+    vllm_logprobs_mode: VLLMLogprobsMode = option("raw_logprobs", "the vLLM servers' --logprobs-mode (read from "
+                                                  "/server_info in dev mode)")
+    vllm_pause_mode: VLLMPauseMode = option("wait", "how vLLM pauses in-flight requests during a weight update")
+
+
+def remote_engine(kind: str, options: RemoteOptions, *, fallback_context: int | None) -> RemoteEngine:
+    """The SGLang or vLLM engine ``options`` describe."""
+    if not options.backend_url:
+        raise ValueError(f"--engine {kind} needs at least one --backend-url")
+    common = {
         "max_context_length": fallback_context,
-        "failover": args.failover,
-        "health_interval": args.health_interval,
-        "read_timeout": args.backend_timeout,
-        "max_connections": args.backend_max_connections,
-        "api_key": args.backend_api_key,
-        "strict_logprobs": args.strict_logprobs,
+        "failover": options.failover,
+        "health_interval": options.health_interval,
+        "read_timeout": options.backend_timeout,
+        "max_connections": options.backend_max_connections,
+        "api_key": options.backend_api_key,
+        "strict_logprobs": options.strict_logprobs,
     }
-    if args.engine == "sglang":
+    if kind == "sglang":
         from rlgate.engine.remote.sglang import SGLangEngine
 
-        return SGLangEngine(args.backend_url, pause_mode=args.sglang_pause_mode,
-                            return_original_logprob=args.sglang_return_original_logprob, **common)
-    if args.engine == "vllm":
+        return SGLangEngine(options.backend_url, pause_mode=options.sglang_pause_mode,
+                            return_original_logprob=options.sglang_return_original_logprob, **common)
+    if kind == "vllm":
         from rlgate.engine.remote.vllm import VLLMEngine
 
-        return VLLMEngine(args.backend_url, logprobs_mode=args.vllm_logprobs_mode, pause_mode=args.vllm_pause_mode,
-                          **common)
-    raise ValueError(f"not a remote engine: {args.engine}")
+        return VLLMEngine(options.backend_url, logprobs_mode=options.vllm_logprobs_mode,
+                          pause_mode=options.vllm_pause_mode, **common)
+    raise ValueError(f"not a remote engine: {kind}")

@@ -16,6 +16,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from rlgate.store.base import StoreOptions, Synchronous
 from rlgate.store.sqlite.codec import to_json
 from rlgate.store.sqlite.commits import GroupCommit
 from rlgate.store.sqlite.files import lock_and_create
@@ -31,7 +32,7 @@ class SQLiteStore:
     durable once the WAL holding it is fsynced (survives power loss); ``"normal"``: once it
     is committed to the WAL (survives a crash of the gateway process, not of the machine)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "full") -> None:
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: Synchronous = StoreOptions.store_sync) -> None:
         if synchronous not in ("full", "normal"):
             raise ValueError("synchronous must be 'full' or 'normal'")
         self.path = Path(path)
