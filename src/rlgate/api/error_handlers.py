@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rlgate.errors import GatewayError, InvalidRequest, Unavailable, error_body, from_status, surface_of
+from rlgate.errors import GatewayError, InternalError, InvalidRequest, Unavailable, error_body, from_status, surface_of
 from rlgate.store.base import StoreError
 
 log = logging.getLogger("rlgate.server")
@@ -52,5 +52,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return _error_response(request, GatewayError("internal error; see the gateway log", status=500,
-                                                     code="internal_error"))
+        return _error_response(request, InternalError())

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from rlgate.core.limits import check_request_limits
 from rlgate.core.request import ChatRequest
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
-from rlgate.errors import ContextLengthExceeded, InvalidRequest, Unavailable, UpstreamError
+from rlgate.errors import ContextLengthExceeded, InvalidRequest, Unavailable, engine_failure
 from rlgate.store.base import StoreError
 from rlgate.trajectory.interaction import Interaction, Session
 from rlgate.trajectory.tree import find_parent
@@ -158,8 +157,6 @@ class GenerationService:
         call_id: Callable[[], str] = openai_call_id,
     ) -> Prepared:
         self.sessions.require_generating(session)
-        if not req.messages:
-            raise InvalidRequest("messages must contain at least one message", param="messages")
         prompt, interaction, chain = self.build_prompt(session, req)
         ctx = self.context_length
         if len(prompt) >= ctx:
@@ -234,6 +231,9 @@ class GenerationService:
         p.session.in_flight += 1
         try:
             async for delta in stream:
+                if not len(delta.token_ids) == len(delta.logprobs) == len(delta.versions):
+                    raise EngineError(f"malformed engine output: {len(delta.token_ids)} token ids, "
+                                      f"{len(delta.logprobs)} logprobs, {len(delta.versions)} versions in one delta")
                 events: list[Any] = []
                 for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions, strict=True):
                     ids.append(tok)
@@ -253,21 +253,20 @@ class GenerationService:
             for ev in assembler.finish():
                 yield ev
             final = self._record(p, assembler, ids, logprobs, versions, engine_finish)
-        except EngineError as exc:
+        except EngineError as exc:  # the engine failed: a 5xx that names it (or its 400)
             self._fail(p, f"engine error: {exc.message}")
-            raise UpstreamError(exc.message, status=exc.status, code=exc.code) from exc
-        except ValueError as exc:  # zip(strict=True): an engine broke its own contract
-            self._fail(p, f"malformed engine output: {exc}")
-            raise UpstreamError(f"malformed engine output: {exc}") from exc
-        except Exception as exc:
+            raise engine_failure(exc.message, status=exc.status, code=exc.code) from exc
+        except Exception as exc:  # rlgate's own failure: recorded, then reported as an internal error
             self._fail(p, f"internal error: {exc!r}")
             raise
         finally:
-            await _close_quietly(stream)  # aborts the engine request if it is still running
-            if final is None and p.interaction is not None and p.interaction.status == "pending":
-                # The consumer went away (disconnect / cancellation): keep what was generated.
-                self._record(p, assembler, ids, logprobs, versions, "abort")
-            p.session.in_flight -= 1
+            try:
+                if final is None and p.interaction is not None and p.interaction.status == "pending":
+                    # The consumer went away (disconnect / cancellation): keep what was generated.
+                    self._record(p, assembler, ids, logprobs, versions, "abort")
+            finally:
+                p.session.in_flight -= 1
+                await _abort(stream)  # aborts the engine request if it is still running
         try:  # the final event (finish reason, usage) is sent only once the interaction is on disk
             await self.sessions.store.wait_durable()
         except StoreError as exc:
@@ -333,15 +332,16 @@ class GenerationService:
         return final
 
 
-async def _close_quietly(stream: Any) -> None:
+async def _abort(stream: AsyncGenerator[Any, None]) -> None:
+    """Close an engine stream, which aborts its request if it is still running.
+
+    The close is shielded, so it runs to its end even if this task is cancelled meanwhile;
+    the cancellation itself is not swallowed. A failure to close is logged.
+    """
     try:
         await asyncio.shield(stream.aclose())
-    except (Exception, asyncio.CancelledError):  # noqa: BLE001 - best effort abort
-        pass
-
-
-def now() -> int:
-    return int(time.time())
+    except Exception:
+        log.exception("closing an engine stream failed")
 
 
 def merge_text_deltas(events: list[Any]) -> list[Any]:

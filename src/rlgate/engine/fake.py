@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,7 +110,7 @@ class FakeEngine(StreamingEngineMixin):
         ids = self.tokenizer.encode(item.text or "", add_special_tokens=False)
         return ids + (stops[:1] if item.add_stop and stops else [])
 
-    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         self.requests.append(request)
         if self.fail_with is not None:
             raise self.fail_with

@@ -17,6 +17,7 @@ from rlgate.api.openai_responses.protocol import ResponseCreateRequest
 from rlgate.chat.conversation import ToolCall
 from rlgate.chat.output import ToolCallDelta
 from rlgate.core.generation import Finished, GenerationService
+from rlgate.core.request import ChatRequest
 
 __all__ = [
     "ItemIds",
@@ -53,7 +54,8 @@ def _tools_echo(body: ResponseCreateRequest) -> list[dict[str, Any]]:
              "strict": t.strict} for t in body.tools or []]
 
 
-def context(body: ResponseCreateRequest, model: str) -> ResponseContext:
+def context(body: ResponseCreateRequest, chat: ChatRequest, model: str) -> ResponseContext:
+    """The echo of ``body``, with the sampling values the request got (``chat``)."""
     text: dict[str, Any] = {"format": (body.text.format if body.text and body.text.format else {"type": "text"})}
     if body.text is not None and body.text.verbosity is not None:
         text["verbosity"] = body.text.verbosity
@@ -65,12 +67,12 @@ def context(body: ResponseCreateRequest, model: str) -> ResponseContext:
         "previous_response_id": body.previous_response_id,
         "reasoning": {"effort": body.reasoning.effort if body.reasoning else None,
                       "summary": body.reasoning.summary if body.reasoning else None},
-        "store": True if body.store is None else body.store,
-        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "store": chat.store,
+        "temperature": chat.temperature,
         "text": text,
         "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
         "tools": _tools_echo(body),
-        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "top_p": chat.top_p,
         "truncation": body.truncation or "disabled",
         "user": body.user,
         "metadata": dict(body.metadata or {}),

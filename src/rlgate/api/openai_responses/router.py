@@ -25,7 +25,7 @@ async def create_response(request: Request):
     headers = report_ignored("responses", convert.ignored_params(body))
     prepared = gw.generation.prepare(session, chat, api="responses", id_prefix=serving.ID_PREFIX,
                                      call_id=serving.new_call_id)
-    ctx = objects.context(body, body.model or gw.config.model_name)
+    ctx = objects.context(body, chat, body.model or gw.config.model_name)
     if body.stream:
         return StreamingResponse(
             serving.stream_events(gw.generation, prepared, ctx),

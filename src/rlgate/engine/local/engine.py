@@ -33,7 +33,7 @@ import os
 import random
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -168,7 +168,7 @@ class LocalEngine(StreamingEngineMixin):
 
     # -- generation ------------------------------------------------------------------------
 
-    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         self._validate(request)
         await self.start()
         sampling = request.sampling

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from typing import Any, ClassVar
 
 import httpx
@@ -272,7 +272,7 @@ class RemoteEngine(StreamingEngineMixin):
             h["X-Rlgate-Session"] = request.session_id
         return h
 
-    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         if self._closed:
             raise EngineError("the engine is shutting down", status=503, code="engine_unavailable")
         await self.ensure_ready()
@@ -297,7 +297,7 @@ class RemoteEngine(StreamingEngineMixin):
                 b.in_flight -= 1
 
     async def _stream_from(self, b: Backend, request: GenerateRequest, start_version: int
-                           ) -> AsyncIterator[TokenDelta]:
+                           ) -> AsyncGenerator[TokenDelta, None]:
         st = StreamState(request, b)
         try:
             async with self.pool.client(b).stream("POST", self.generate_path, json=self.payload(b, request),
