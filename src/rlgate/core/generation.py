@@ -28,6 +28,7 @@ from rlgate.chat.render import BridgeError, ChatRenderer, TemplateError
 from rlgate.config import GatewayConfig
 from rlgate.core.limits import check_request_limits
 from rlgate.core.request import ChatRequest
+from rlgate.core.request_scope import current_scope
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
 from rlgate.errors import ContextLengthExceeded, InvalidRequest, Unavailable, engine_failure
@@ -203,12 +204,12 @@ class GenerationService:
     # ------------------------------------------------------------------ run
 
     def _assembler(self, p: Prepared) -> OutputAssembler:
-        parse_tools = bool(p.request.tools) and p.request.tool_choice != "none" and self.config.tool_parser
+        tool_parser = self.config.tool_parser if p.request.tools and p.request.tool_choice != "none" else None
         return OutputAssembler(
             self.tokenizer,
             stop_token_ids=self.stop_token_ids,
             stop_strings=p.request.stop,
-            tool_parser=get_tool_parser(self.config.tool_parser) if parse_tools else None,  # type: ignore[arg-type]
+            tool_parser=get_tool_parser(tool_parser) if tool_parser else None,
             reasoning_parser=get_reasoning_parser(self.config.reasoning_parser) if self.config.reasoning_parser else None,
             call_id=p.call_id,
         )
@@ -267,8 +268,10 @@ class GenerationService:
             finally:
                 p.session.in_flight -= 1
                 await _abort(stream)  # aborts the engine request if it is still running
+        scope = current_scope()
         try:  # the final event (finish reason, usage) is sent only once the interaction is on disk
-            await self.sessions.store.wait_durable()
+            if scope is not None:
+                await scope.wait_durable(self.sessions.store)
         except StoreError as exc:
             raise Unavailable(str(exc), code="store_unavailable") from exc
         yield final

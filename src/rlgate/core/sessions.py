@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from rlgate.config import GatewayConfig
-from rlgate.core.request_scope import after_response
+from rlgate.core.request_scope import after_response, note_write
 from rlgate.errors import (
     AuthenticationFailed,
     Conflict,
@@ -105,7 +105,7 @@ class SessionManager:
 
     def grant_capacity(self, count: int = 1) -> int:
         self.capacity += count
-        self.store.save_meta("capacity", self.capacity)
+        note_write(self.store.save_meta("capacity", self.capacity))
         return self.capacity
 
     # ------------------------------------------------------------------ sessions
@@ -155,7 +155,7 @@ class SessionManager:
                 raise RateLimited("no capacity: the trainer has not granted another session yet",
                                   code="no_capacity")
             self.capacity -= 1
-            self.store.save_meta("capacity", self.capacity)
+            note_write(self.store.save_meta("capacity", self.capacity))
         key = api_key if api_key is not None else secrets.token_urlsafe(32)
         digest = hash_key(key)
         session = Session(
@@ -168,7 +168,7 @@ class SessionManager:
         self.sessions[session.id] = session
         self._by_key[digest] = session.id  # drops the mapping of an ended session, if any
         self.metrics["sessions_started"] += 1
-        self.store.save_session(session)
+        note_write(self.store.save_session(session))
         log.info("session %s started (task %s, mode %s)", session.id, task_id, session.mode)
         return session, key
 
@@ -206,7 +206,7 @@ class SessionManager:
         if session.status == "active":
             session.status = "ended"
             session.ended_at = time.time()
-            self.store.save_session(session)
+            note_write(self.store.save_session(session))
             log.info("session %s ended with %d interactions", session.id, len(session.interactions))
         return len(session.completed_interactions())
 
@@ -215,7 +215,7 @@ class SessionManager:
     def add_interaction(self, session: Session, interaction: Interaction) -> None:
         session.interactions[interaction.id] = interaction
         session.touch()
-        self.store.save_interaction(interaction)
+        note_write(self.store.save_interaction(interaction))
 
     def complete_interaction(self, session: Session, interaction: Interaction) -> None:
         interaction.status = "completed"
@@ -225,14 +225,14 @@ class SessionManager:
         self.metrics["interactions_completed"] += 1
         if interaction.finish_reason == "abort":
             self.metrics["interactions_aborted"] += 1
-        self.store.save_interaction(interaction)
+        note_write(self.store.save_interaction(interaction))
 
     def fail_interaction(self, session: Session, interaction: Interaction, error: str) -> None:
         interaction.status = "failed"
         interaction.error = error
         interaction.completed_at = time.time()
         self.metrics["interactions_failed"] += 1
-        self.store.save_interaction(interaction)
+        note_write(self.store.save_interaction(interaction))
 
     # ------------------------------------------------------------------ rewards
 
@@ -250,7 +250,7 @@ class SessionManager:
                 raise InvalidRequest(f"interaction {interaction_id!r} did not complete ({target.status})",
                                      param="interaction_id")
         target.reward = float(reward)
-        self.store.save_interaction(target)
+        note_write(self.store.save_interaction(target))
         return target
 
     # ------------------------------------------------------------------ export

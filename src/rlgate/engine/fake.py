@@ -22,6 +22,7 @@ from typing import Any
 
 from rlgate.engine.base import (
     EngineError,
+    FinishReason,
     GenerateRequest,
     StreamingEngineMixin,
     TokenDelta,
@@ -128,10 +129,10 @@ class FakeEngine(StreamingEngineMixin):
                     break
                 if self.token_delay:
                     await asyncio.sleep(self.token_delay)
-                finish = "stop" if tok in stops else None
+                finish: FinishReason | None = "stop" if tok in stops else None
                 if finish is None and pos + 1 >= limit:
                     finish = "length"
-                yield TokenDelta([tok], [fake_logprob(tok, pos)], [self._version], finish)  # type: ignore[arg-type]
+                yield TokenDelta([tok], [fake_logprob(tok, pos)], [self._version], finish)
                 if finish is not None:
                     finished = True
                     return

@@ -1,7 +1,8 @@
 """Responses wait for the store: what a client was told is on disk.
 
-:class:`DurabilityMiddleware` holds every response's ``http.response.start`` until the
-writes that request submitted to the store are durable (``Store.wait_durable``), so a
+:class:`DurabilityMiddleware` opens a :class:`~rlgate.core.request_scope.RequestScope` per
+request and holds the response's ``http.response.start`` until the store writes the
+request made (their sequence numbers, noted in the scope) are durable, so a
 200 from a control route (start / end session, reward, capacity) or a non-streamed
 generation means the change is committed. Streamed generations wait inside
 ``GenerationService.run`` before the final event (finish reason, usage, ``[DONE]``).
@@ -34,7 +35,7 @@ class DurabilityMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        hooks, token = begin_request()
+        request, token = begin_request()
         replaced = False
 
         async def durable_send(message: dict[str, Any]) -> None:
@@ -43,7 +44,7 @@ class DurabilityMiddleware:
                 return
             if message["type"] == "http.response.start":
                 try:
-                    await self.store.wait_durable()
+                    await request.wait_durable(self.store)
                 except StoreError as exc:
                     replaced = True
                     err = Unavailable(str(exc), code="store_unavailable")
@@ -59,11 +60,12 @@ class DurabilityMiddleware:
             await self.app(scope, receive, durable_send)
         finally:
             end_request(token)
+            hooks = request.hooks
             if replaced and hooks:
                 log.error("%s: the store failed; deferred work (%d) skipped", scope.get("path"), len(hooks))
                 hooks = []
             for fn in hooks:
                 try:
                     fn()
-                except Exception:  # noqa: BLE001 - a hook must not turn a sent response into an error
+                except Exception:  # a hook must not turn a sent response into an error
                     log.exception("after-response hook failed")

@@ -1,8 +1,9 @@
 """SQLiteStore: sessions and interactions in one SQLite file (stdlib ``sqlite3``, WAL mode).
 
-:meth:`SQLiteStore.wait_durable` is the barrier the gateway awaits before it sends a
-response that reports a change, so that "the client saw it" implies "it is durable"
-(docs/operations.md, "Durability guarantee"). How writes reach the disk: :mod:`.commits`;
+Every ``save_*`` returns the change's write sequence number; :meth:`SQLiteStore.wait_durable`
+is the barrier the gateway awaits with a request's numbers before it sends a response that
+reports a change, so that "the client saw it" implies "it is durable" (docs/operations.md,
+"Durability guarantee"). How writes reach the disk: :mod:`.commits`;
 the row format: :mod:`.rows` and :mod:`.codec`; the files and their lock: :mod:`.files`.
 Keys: only ``key_hash`` (SHA-256 of the session key) exists on a session; keys are never
 written anywhere.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,23 +72,24 @@ class SQLiteStore:
 
     # ------------------------------------------------------------------ writes
 
-    def save_session(self, session: Session) -> None:
-        self._commits.submit([self._rows.session(session)])
+    def save_session(self, session: Session) -> int:
+        return self._commits.submit([self._rows.session(session)])
 
-    def save_meta(self, key: str, value: Any) -> None:
-        self._commits.submit([("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, to_json(value)))])
+    def save_meta(self, key: str, value: Any) -> int:
+        return self._commits.submit([("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                                      (key, to_json(value)))])
 
-    def save_interaction(self, interaction: Interaction) -> None:
-        self._commits.submit([self._rows.interaction(interaction)])
+    def save_interaction(self, interaction: Interaction) -> int:
+        return self._commits.submit([self._rows.interaction(interaction)])
 
-    def delete_session(self, session_id: str) -> None:
-        self._commits.submit(self._rows.delete_session(session_id))
+    def delete_session(self, session_id: str) -> int:
+        return self._commits.submit(self._rows.delete_session(session_id))
 
     # ------------------------------------------------------------------ barrier and shutdown
 
-    async def wait_durable(self) -> None:
-        """Return once the writes this request (task context) submitted are durable."""
-        await self._commits.wait_durable()
+    async def wait_durable(self, seqs: Sequence[int]) -> None:
+        """Return once the writes numbered ``seqs`` are durable (see ``Store.wait_durable``)."""
+        await self._commits.wait_durable(seqs)
 
     def flush(self, timeout: float | None = None) -> None:
         """Commit what is pending and block until it is durable."""
