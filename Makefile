@@ -4,6 +4,8 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+TORCH := $(VENV)/.torch
+DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -12,16 +14,24 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: demo test test-fast lint fuzz bench install clean
 
-$(STAMP): pyproject.toml
+# torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build here
+$(TORCH):
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
+	touch $(TORCH)
+
+$(DEMO_STAMP): pyproject.toml $(TORCH)
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+$(STAMP): pyproject.toml $(TORCH)
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/rlgate demo --out demo-out
 
 lint: $(STAMP)

@@ -35,7 +35,7 @@ def test_train_run_checkpoints_and_resumes(tiny_model_dir, tmp_path):
                             for a in range(10, 30)))
     cfg = {
         "model": str(tiny_model_dir), "out_dir": str(tmp_path / "run"), "dataset": str(data),
-        "eval_dataset": str(data), "agent": "rlgate_examples.math_agent:OpenAIMathAgent",
+        "eval_dataset": str(data), "agent": "rlgate.demo.math_agent:OpenAIMathAgent",
         "agent_kwargs": {"max_tokens": 4}, "steps": 2, "checkpoint_every": 1,
         "grpo": {"lr": 1e-4, "groups_per_step": 2, "micro_batch_size": 8, "device": "cpu"},
         "rollout": {"group_size": 2, "concurrency": 8},

@@ -108,9 +108,13 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         except ValueError as exc:
             raise SystemExit(f"rlgate: {exc}") from exc
     else:
-        from rlgate.engine.local import LocalEngine
+        from rlgate import engine as engines
 
-        engine = LocalEngine(args.model, device=options.device, max_batch_size=options.max_batch_size,
+        try:
+            local_engine = engines.LocalEngine
+        except ImportError as exc:
+            raise SystemExit(f"rlgate: --engine local: {exc}") from exc
+        engine = local_engine(args.model, device=options.device, max_batch_size=options.max_batch_size,
                              max_context_length=config.context_length)
     store_options = from_arguments(StoreOptions, args)
     try:

@@ -106,11 +106,11 @@ def _start_gateway(model_dir: Path, admin_key: str, log_path: Path) -> tuple[sub
 
 def _agent_factory(task: str, max_tokens: int):
     if task == "tools":
-        from rlgate_examples.calculator_agent import CalculatorAgent
+        from rlgate.demo.calculator_agent import CalculatorAgent
 
         agent = CalculatorAgent(model="tiny-policy", max_tokens=max_tokens)
         return lambda gid, data: agent
-    from rlgate_examples.math_agent import MathAgent, OpenAIMathAgent
+    from rlgate.demo.math_agent import MathAgent, OpenAIMathAgent
 
     anthropic_agent = MathAgent(model="tiny-policy", max_tokens=max_tokens)
     openai_agent = OpenAIMathAgent(model="tiny-policy", max_tokens=max_tokens)
@@ -278,9 +278,9 @@ def run_demo(out: Path, *, task: str = "math", seed: int = 0, steps: int | None 
     split = TASKS[task](seed=0)  # the same split for every seed
     tool = None
     if task == "tools":
-        from rlgate_examples.calculator_agent import CALCULATOR_TOOL
+        from rlgate.demo.calculator_agent import CALCULATOR_TOOL
 
-        tool = CALCULATOR_TOOL
+        tool = dict(CALCULATOR_TOOL)
     warm_dir = out / f"warm-start-{task}-seed{seed}"
     # early stopping looks at items the warm start does not train on (and that are not held out)
     validation = split.train[:settings.validation_items] if settings.warm_start_target is not None else []

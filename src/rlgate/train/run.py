@@ -7,7 +7,7 @@ overrides (dotted keys, YAML values: ``--set grpo.lr=1e-5 --set steps=200``)::
     out_dir: runs/math
     dataset: data/train.jsonl            # one JSON object per line, passed to the agent
     eval_dataset: data/test.jsonl        # optional; evaluated at temperature 0
-    agent: rlgate_examples.math_agent:OpenAIMathAgent
+    agent: rlgate.demo.math_agent:OpenAIMathAgent
     agent_kwargs: {max_tokens: 256}
     steps: 200
     grpo: {lr: 1.0e-6, groups_per_step: 16, max_staleness: 1}
