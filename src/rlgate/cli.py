@@ -100,7 +100,8 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         engine = FakeEngine(tokenizer, output_tokens=options.fake_output_tokens, token_delay=options.fake_token_delay,
                             max_context_length=config.context_length or context_length(args.model) or 32768)
     elif options.engine in ("sglang", "vllm"):  # only the tokenizer is loaded in this process
-        from rlgate.engine.remote.options import RemoteOptions, remote_engine
+        from rlgate.engine.remote.factory import remote_engine
+        from rlgate.engine.remote.options import RemoteOptions
 
         try:
             engine = remote_engine(options.engine, from_arguments(RemoteOptions, args),
@@ -108,7 +109,7 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         except ValueError as exc:
             raise SystemExit(f"rlgate: {exc}") from exc
     else:
-        from rlgate import engine as engines
+        import rlgate.engine as engines
 
         try:
             local_engine = engines.LocalEngine

@@ -1,22 +1,18 @@
-"""``rlgate serve`` options of the remote engines, and the factory that builds one from them.
+"""``rlgate serve`` options of the remote engines (``factory.remote_engine`` builds one).
 
-Kept apart from ``cli.py`` so that the gateway process imports neither torch-based
-engines nor model code when it drives SGLang / vLLM servers. The defaults here are the
-engines' own (``RemoteEngine`` and its subclasses read them from this class).
+The defaults here are the engines' own (``RemoteEngine`` and its subclasses read them from
+this class), so they are written once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from rlgate.config import option
 from rlgate.engine.remote.pool import Failover
 
-if TYPE_CHECKING:
-    from rlgate.engine.remote.engine import RemoteEngine
-
-__all__ = ["REMOTE_ENGINES", "RemoteOptions", "SGLangPauseMode", "VLLMLogprobsMode", "VLLMPauseMode", "remote_engine"]
+__all__ = ["REMOTE_ENGINES", "RemoteOptions", "SGLangPauseMode", "VLLMLogprobsMode", "VLLMPauseMode"]
 
 REMOTE_ENGINES = ("sglang", "vllm")
 
@@ -46,29 +42,3 @@ class RemoteOptions:
     vllm_logprobs_mode: VLLMLogprobsMode = option("raw_logprobs", "the vLLM servers' --logprobs-mode (read from "
                                                   "/server_info in dev mode)")
     vllm_pause_mode: VLLMPauseMode = option("wait", "how vLLM pauses in-flight requests during a weight update")
-
-
-def remote_engine(kind: str, options: RemoteOptions, *, fallback_context: int | None) -> RemoteEngine:
-    """The SGLang or vLLM engine ``options`` describe."""
-    if not options.backend_url:
-        raise ValueError(f"--engine {kind} needs at least one --backend-url")
-    common = {
-        "max_context_length": fallback_context,
-        "failover": options.failover,
-        "health_interval": options.health_interval,
-        "read_timeout": options.backend_timeout,
-        "max_connections": options.backend_max_connections,
-        "api_key": options.backend_api_key,
-        "strict_logprobs": options.strict_logprobs,
-    }
-    if kind == "sglang":
-        from rlgate.engine.remote.sglang import SGLangEngine
-
-        return SGLangEngine(options.backend_url, pause_mode=options.sglang_pause_mode,
-                            return_original_logprob=options.sglang_return_original_logprob, **common)
-    if kind == "vllm":
-        from rlgate.engine.remote.vllm import VLLMEngine
-
-        return VLLMEngine(options.backend_url, logprobs_mode=options.vllm_logprobs_mode,
-                          pause_mode=options.vllm_pause_mode, **common)
-    raise ValueError(f"not a remote engine: {kind}")
