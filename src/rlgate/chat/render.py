@@ -30,11 +30,18 @@ incrementally (``render(base + new)`` does not start with ``render(base)``),
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections import OrderedDict
 from typing import Any
 
 from rlgate.chat.conversation import ImagePart, Message, TextPart, ToolSpec, canonical_json
 
 _SENTINEL = "RLGATE_SENTINEL_7f3a"
+# Prompts remembered by render_ids (exact inputs -> token ids). A GRPO group sends the same
+# prompt once per sample, and an agent's retries send it again: rendering a ~40-token
+# prompt (Jinja + tokenizer) costs more than the rest of the request (benchmarks/hot_path.py).
+PROMPT_CACHE_SIZE = 4096
 _PLACEHOLDER_USER = Message.of("user", "hi")
 
 
@@ -85,6 +92,8 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         # Memoised per (tools, template kwargs): the text after an assistant message.
         self._suffix_cache: dict[str, str] = {}
+        # Exact template inputs -> prompt ids (least recently used first).
+        self._prompts: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
 
     # ------------------------------------------------------------------ primitives
 
@@ -123,8 +132,21 @@ class ChatRenderer:
         tools: list[ToolSpec] | None = None,
         template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        """Fresh rendering of the whole conversation, ending with the generation prompt."""
-        return self.encode(self.render_text(messages, tools, template_kwargs=template_kwargs))
+        """Fresh rendering of the whole conversation, ending with the generation prompt.
+
+        Remembered by the exact template inputs (the messages as the template sees them, the
+        tools and the template arguments), so rendering the same prompt again is a lookup.
+        """
+        key = _prompt_key(messages, tools, template_kwargs)
+        cached = self._prompts.get(key)
+        if cached is not None:
+            self._prompts.move_to_end(key)
+            return list(cached)
+        ids = self.encode(self.render_text(messages, tools, template_kwargs=template_kwargs))
+        self._prompts[key] = tuple(ids)
+        if len(self._prompts) > PROMPT_CACHE_SIZE:
+            self._prompts.popitem(last=False)
+        return ids
 
     def assistant_suffix(
         self, tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None, cache_key: str | None = None
@@ -170,3 +192,10 @@ class ChatRenderer:
             raise BridgeError("the chat template does not render new messages incrementally")
         return self.encode(glue + full[len(head):])
 
+
+def _prompt_key(messages: list[Message], tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None) -> bytes:
+    """A digest of exactly what the template receives (nothing canonicalised away)."""
+    payload = [[message_to_template(m) for m in messages], [t.to_openai() for t in tools or []],
+               template_kwargs or {}]
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=repr)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlgate.chat.conversation import DigestChain, Message, tools_digest
-from rlgate.chat.output import ContentDelta, OutputAssembler, OutputEvent, ReasoningDelta, openai_call_id
+from rlgate.chat.output import OutputAssembler, OutputEvent, openai_call_id
 from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser
 from rlgate.chat.render import BridgeError, ChatRenderer, TemplateError
 from rlgate.config import GatewayConfig
@@ -214,10 +214,16 @@ class GenerationService:
             call_id=p.call_id,
         )
 
-    async def run(self, p: Prepared) -> AsyncGenerator[OutputEvent | Finished, None]:
+    async def run(self, p: Prepared, *, incremental: bool = True) -> AsyncGenerator[OutputEvent | Finished, None]:
         """Generate; the interaction is registered when iteration starts (not in prepare),
-        so a response that is never sent leaves nothing pending behind."""
+        so a response that is never sent leaves nothing pending behind.
+
+        ``incremental=False`` (a response sent in one piece): the reply is assembled once at
+        the end instead of delta by delta, unless stop strings must be watched as tokens
+        arrive. The events and the recorded interaction are the same either way.
+        """
         self.sessions.require_generating(p.session)
+        deferred = not incremental and not p.request.stop
         assembler = self._assembler(p)
         ids: list[int] = []
         logprobs: list[float] = []
@@ -235,22 +241,22 @@ class GenerationService:
                 if not len(delta.token_ids) == len(delta.logprobs) == len(delta.versions):
                     raise EngineError(f"malformed engine output: {len(delta.token_ids)} token ids, "
                                       f"{len(delta.logprobs)} logprobs, {len(delta.versions)} versions in one delta")
-                events: list[Any] = []
-                for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions, strict=True):
-                    ids.append(tok)
-                    logprobs.append(lp)
-                    versions.append(ver)
-                    events.extend(assembler.push(tok))
-                    if assembler.stopped:
-                        break
-                # Tokens that arrived together (the client fell behind the engine) go out as
-                # one text delta each instead of one per token: fewer frames when backlogged.
-                for ev in merge_text_deltas(events):
-                    yield ev
+                ids += delta.token_ids  # beyond a stop string's match: cut to kept_tokens on record
+                logprobs += delta.logprobs
+                versions += delta.versions
                 if delta.finish_reason is not None:
                     engine_finish = delta.finish_reason
+                if deferred:
+                    continue
+                # Tokens that arrived together (the client fell behind the engine) go out as
+                # one text delta instead of one per token: fewer frames when backlogged.
+                for ev in assembler.push_many(delta.token_ids):
+                    yield ev
                 if assembler.stopped:
                     break
+            if deferred:
+                for ev in assembler.push_many(ids):
+                    yield ev
             for ev in assembler.finish():
                 yield ev
             final = self._record(p, assembler, ids, logprobs, versions, engine_finish)
@@ -328,7 +334,7 @@ class GenerationService:
     async def complete(self, p: Prepared) -> Finished:
         """Run to the end and return only the final result (non-streaming surfaces)."""
         final: Finished | None = None
-        async for ev in self.run(p):
+        async for ev in self.run(p, incremental=False):
             if isinstance(ev, Finished):
                 final = ev
         assert final is not None
@@ -345,14 +351,3 @@ async def _abort(stream: AsyncGenerator[Any, None]) -> None:
         await asyncio.shield(stream.aclose())
     except Exception:
         log.exception("closing an engine stream failed")
-
-
-def merge_text_deltas(events: list[Any]) -> list[Any]:
-    """Adjacent content (or reasoning) deltas joined; every other event kept in place."""
-    out: list[Any] = []
-    for ev in events:
-        if out and type(ev) is type(out[-1]) and isinstance(ev, (ContentDelta, ReasoningDelta)):
-            out[-1] = type(ev)(out[-1].text + ev.text)
-        else:
-            out.append(ev)
-    return out

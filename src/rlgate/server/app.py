@@ -66,8 +66,7 @@ def create_app(
             # still generating, which records those interactions); then flush and close the store.
             sessions.accepting = False
             sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            await asyncio.wait([sweeper])  # its end, not its outcome (a cancelled shutdown still raises)
             try:
                 await engine.close()
             finally:
@@ -79,12 +78,11 @@ def create_app(
     app.state.gateway = gateway
     install_error_handlers(app)
 
-    app.include_router(control.router)
-
     body_models: list[type[BaseModel]] = []
-    for surface in (chat, responses, anthropic):
+    for surface in (chat, responses, anthropic):  # first: routes are matched in order
         app.include_router(surface.router)
         body_models += surface.BODY_MODELS
+    app.include_router(control.router)
     install_openapi(app, body_models)
 
     app.add_middleware(DurabilityMiddleware, store=store)
@@ -102,5 +100,5 @@ async def _sweep_forever(sessions: SessionManager, interval: float) -> None:
         await asyncio.sleep(interval)
         try:
             sessions.sweep()
-        except Exception:  # noqa: BLE001 - the sweeper must never die
+        except Exception:  # the sweeper must never die: log and sweep again next time
             log.exception("session sweep failed")

@@ -306,7 +306,7 @@ class BlockBuilder:
 async def complete(service: GenerationService, prepared: Prepared, model: str) -> dict[str, Any]:
     builder = BlockBuilder()
     final: Finished | None = None
-    async for ev in service.run(prepared):
+    async for ev in service.run(prepared, incremental=False):
         if isinstance(ev, Finished):
             final = ev
         else:
