@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-fast lint fuzz bench install clean
+.PHONY: demo test test-fast lint fuzz bench install browser clean
 
 # torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build here
 $(TORCH):
@@ -34,11 +34,21 @@ install: $(STAMP)
 demo: $(DEMO_STAMP)
 	$(BIN)/rlgate demo --out demo-out
 
+# Debian's chromium + chromium-driver for the viewer's browser tests (tests/browser.py), when missing.
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
+	    echo "make browser: not root and no sudo: the browser tests will skip (CI fails them)"; exit 0; fi; \
+	  echo "installing chromium + chromium-driver (Debian packages) for the viewer tests"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    --no-install-recommends chromium chromium-driver >/dev/null; \
+	fi
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

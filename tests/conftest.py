@@ -84,3 +84,22 @@ def asgi_client():
             yield c
 
     return _client
+
+
+@pytest.fixture(scope="session")
+def ray_local(tmp_path_factory: pytest.TempPathFactory):
+    """One local Ray cluster for the whole test session (small object store, no dashboard).
+
+    8 logical CPUs on this 2-core machine: replicas reserve 1 each, rollout tasks 1 each; they
+    spend most of their time waiting on sockets."""
+    pytest.importorskip("ray")
+    import ray
+
+    from rlgate.cluster.launch import init_ray
+    from rlgate.config import ClusterConfig
+
+    init_ray(ClusterConfig(ray_num_cpus=8, object_store_mb=80, namespace="rlgate-tests"))
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -23,7 +23,7 @@ from helpers import ADMIN_KEY
 EXAMPLES = int(os.environ.get("RLGATE_FUZZ_EXAMPLES", "8"))
 
 ADMIN_ROUTES = {"/grant_capacity", "/rl/start_session", "/export_trajectories", "/rl/update_weights",
-                "/rl/metrics"}
+                "/rl/metrics", "/rl/collect", "/metrics"}
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +66,9 @@ def fuzz_schema(fuzz_app):
 # Every operation of the schema (test_every_operation_is_fuzzed keeps this list complete).
 OPERATIONS = [
     ("POST", "/grant_capacity"), ("POST", "/rl/start_session"), ("POST", "/rl/end_session"),
-    ("POST", "/rl/set_reward"), ("POST", "/export_trajectories"), ("POST", "/rl/update_weights"),
-    ("GET", "/rl/metrics"), ("GET", "/health"), ("GET", "/v1/models"), ("GET", "/models"),
+    ("POST", "/rl/set_reward"), ("POST", "/export_trajectories"), ("POST", "/rl/collect"),
+    ("POST", "/rl/update_weights"),
+    ("GET", "/rl/metrics"), ("GET", "/metrics"), ("GET", "/health"), ("GET", "/v1/models"), ("GET", "/models"),
     ("POST", "/chat/completions"), ("POST", "/v1/chat/completions"), ("POST", "/responses"),
     ("POST", "/v1/responses"), ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"),
 ]

@@ -1,4 +1,4 @@
-"""``rlgate`` command line: serve, tiny-model, demo, train."""
+"""``rlgate`` command line: serve, tiny-model, demo, train, view."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rlgate.config import GatewayConfig, add_arguments, from_arguments, option
+from rlgate.config import ClusterConfig, GatewayConfig, add_arguments, from_arguments, option
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 
@@ -63,10 +63,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     from rlgate.store.base import StoreOptions
 
     add_arguments(p, ServeOptions)
-    add_arguments(p.add_argument_group("gateway"), GatewayConfig)
+    add_arguments(p.add_argument_group("gateway (metrics, guards and the viewer: docs/operations.md)"), GatewayConfig)
     add_arguments(p.add_argument_group("engine"), EngineOptions)
     add_arguments(p.add_argument_group("remote engines (--engine sglang | vllm)"), RemoteOptions)
     add_arguments(p.add_argument_group("store"), StoreOptions)
+    add_arguments(p.add_argument_group("replicas on Ray (see docs/scale-out.md)"), ClusterConfig)
 
 
 def resolve_admin_key(args: argparse.Namespace) -> tuple[str, bool]:
@@ -82,6 +83,14 @@ def resolve_admin_key(args: argparse.Namespace) -> tuple[str, bool]:
     return secrets.token_urlsafe(32), True
 
 
+def gateway_config(args: argparse.Namespace, admin_key: str) -> GatewayConfig:
+    """The gateway's configuration from ``rlgate serve``'s flags."""
+    config = from_arguments(GatewayConfig, args, admin_key=admin_key)
+    if args.model_name is None:
+        config.model_name = Path(args.model).resolve().name
+    return config
+
+
 def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     from rlgate.engine.options import EngineOptions
     from rlgate.model import context_length, load_tokenizer, stop_token_ids
@@ -89,9 +98,7 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     from rlgate.store import StoreError, StoreOptions, open_store
 
     tokenizer = load_tokenizer(args.model)
-    config = from_arguments(GatewayConfig, args, admin_key=admin_key)
-    if args.model_name is None:
-        config.model_name = Path(args.model).resolve().name
+    config = gateway_config(args, admin_key)
     options = from_arguments(EngineOptions, args)
     engine: Any
     if options.engine == "fake":
@@ -145,11 +152,71 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"rlgate: generated an admin key; written to {args.admin_key_file} (mode 0600)", flush=True)
         else:
             print(f"rlgate: generated admin key (shown once): {admin_key}", flush=True)
+    if args.replicas > 0:
+        return serve_cluster(args, admin_key)
     app = build_app(args, admin_key)
     from rlgate.server.serve import serve
 
     return serve(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log,
                  shutdown_timeout=args.shutdown_timeout)
+
+
+def engine_spec(args: argparse.Namespace, replicas: int) -> Any:
+    """What each replica builds (``rlgate.cluster.engines``) from ``rlgate serve``'s engine flags."""
+    from rlgate.cluster.engines import FakeEngineSpec, LocalEngineSpec, RemoteEngineSpec
+    from rlgate.model import context_length
+
+    if args.engine == "fake":
+        return FakeEngineSpec(output_tokens=args.fake_output_tokens, token_delay=args.fake_token_delay,
+                              max_context_length=args.context_length or context_length(args.model) or 32768)
+    if args.engine == "local":
+        return LocalEngineSpec(str(Path(args.model).resolve()), device=args.device,
+                               max_batch_size=args.max_batch_size, max_context_length=args.context_length)
+    from rlgate.engine.remote.factory import engine_kwargs
+    from rlgate.engine.remote.options import RemoteOptions
+
+    if not args.backend_url:
+        raise SystemExit(f"rlgate: --engine {args.engine} needs at least one --backend-url")
+    urls = list(args.backend_url)
+    # replica i drives the backends i, i+N, ...; with fewer backends than replicas they are shared
+    shares = [urls[i::replicas] or [urls[i % len(urls)]] for i in range(replicas)]
+    return RemoteEngineSpec(args.engine, shares, engine_kwargs(
+        args.engine, from_arguments(RemoteOptions, args),
+        fallback_context=args.context_length or context_length(args.model)))
+
+
+def serve_cluster(args: argparse.Namespace, admin_key: str) -> int:
+    """``rlgate serve --replicas N``: N replicas on Ray, this process runs the router."""
+    from rlgate.cluster.launch import Cluster
+    from rlgate.cluster.replica import ReplicaSpec
+    from rlgate.server.serve import KEEP_ALIVE_S
+    from rlgate.store import default_data_dir
+
+    cfg = from_arguments(ClusterConfig, args)
+    if args.store not in (None, ":memory:"):
+        raise SystemExit("rlgate: with --replicas each replica keeps its own store under --data-dir "
+                         "(DATA_DIR/replica-<i>/rlgate.sqlite); --store accepts only ':memory:' there")
+    data_dir = None if args.store == ":memory:" else str(Path(args.data_dir or default_data_dir()).resolve())
+    spec = ReplicaSpec(model=str(Path(args.model).resolve()), config=gateway_config(args, admin_key),
+                       engine=engine_spec(args, cfg.replicas), data_dir=data_dir, store_sync=args.store_sync,
+                       host=cfg.replica_host, log_level="warning" if args.log_level == "info" else args.log_level)
+    cluster = Cluster(spec, cfg)
+    try:
+        cluster.start()
+        import uvicorn
+
+        from rlgate.server.serve import GatewayServer
+
+        print(f"rlgate: {cfg.replicas} replicas up; router on http://{args.host}:{args.port}", flush=True)
+        GatewayServer(uvicorn.Config(cluster.make_router(), host=args.host, port=args.port, log_level=args.log_level,
+                                     access_log=args.access_log, timeout_keep_alive=KEEP_ALIVE_S, lifespan="on"),
+                      None).run()
+    finally:
+        cluster.stop()
+        import ray
+
+        ray.shutdown()
+    return 0
 
 
 # --------------------------------------------------------------------------- tiny-model
@@ -175,7 +242,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return run_scripted_demo(Path(args.out), seed=args.seed)
     from rlgate.demo.rl import run_demo
 
-    return run_demo(Path(args.out), task=args.task, seed=args.seed, steps=args.steps)
+    return run_demo(Path(args.out), task=args.task, seed=args.seed, steps=args.steps, metrics_port=args.metrics_port,
+                    pushgateway=args.pushgateway, gateway_metrics_port=args.gateway_metrics_port)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -184,6 +252,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlgate.train.run import run_training
 
     return run_training(args.config, args.set)
+
+
+# --------------------------------------------------------------------------- view
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    _offline_env()
+    from rlgate.ui.files import find_tokenizer
+    from rlgate.ui.static_export import write_view
+
+    tok_dir = Path(args.tokenizer) if args.tokenizer else find_tokenizer(args.paths)
+    tokenizer = None
+    if tok_dir is not None and not args.no_text:
+        from rlgate.model import load_tokenizer
+
+        tokenizer = load_tokenizer(str(tok_dir))
+        print(f"token text from the tokenizer in {tok_dir}")
+    elif not args.no_text:
+        print("no tokenizer found (pass --tokenizer DIR): tokens are shown as ids")
+    try:
+        out, run = write_view(args.paths, args.out, tokenizer=tokenizer, title=args.title,
+                              max_sessions=args.max_sessions, stale_lag=args.stale_lag)
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        raise SystemExit(f"rlgate view: {exc}") from exc
+    turns = sum(len(ep.turns) for ep in run.episodes)
+    more = f" ({run.omitted} more left out: --max-sessions)" if run.omitted else ""
+    print(f"wrote {out}: {len(run.episodes)} sessions, {turns} turns, {len(run.groups())} groups{more}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,6 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the task's tuned value)")
     p.add_argument("--scripted", action="store_true", help="only a short scripted session, no training")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve the per-step training metrics (Prometheus) on this port")
+    p.add_argument("--pushgateway", default=None, help="also push them to this Prometheus Pushgateway URL")
+    p.add_argument("--gateway-metrics-port", type=int, default=None,
+                   help="serve the demo gateway's /metrics (guards included) without a key on this port")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("train", help="GRPO on any Hugging Face checkpoint (see rlgate.train.run)")
@@ -212,6 +313,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set grpo.lr=1e-5 (repeatable)")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("view", help="write the trajectory viewer for exported samples as one HTML file")
+    p.add_argument("paths", nargs="+", metavar="EXPORT",
+                   help="Parquet / JSONL samples (write_parquet, the demo's trajectories.parquet, saved "
+                   "/export_trajectories responses) or a directory of them (per-step dumps)")
+    p.add_argument("--out", required=True, help="the HTML file to write (self-contained, opens offline)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory for token text (default: a model/ or "
+                   "final/ directory next to the data, or the model of a training run's config.yaml)")
+    p.add_argument("--no-text", action="store_true", help="show token ids only (no tokenizer)")
+    p.add_argument("--max-sessions", type=int, default=1000,
+                   help="sessions to include (the first N; 200 tool-calling sessions make ~14 MB)")
+    p.add_argument("--stale-lag", type=int, default=4, help="flag tokens more than N versions behind")
+    p.add_argument("--title", default=None)
+    p.set_defaults(func=cmd_view)
 
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

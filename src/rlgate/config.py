@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-__all__ = ["GatewayConfig", "add_arguments", "from_arguments", "option"]
+__all__ = ["ClusterConfig", "GatewayConfig", "add_arguments", "from_arguments", "option"]
 
 T = TypeVar("T", bound="DataclassInstance")
 
@@ -82,6 +82,64 @@ class GatewayConfig:
     shutdown_timeout: float = option(30.0, "SIGTERM: seconds requests in flight get to finish before being aborted")
     cors_origins: list[str] = option(help="allow this CORS origin (repeat for several; none: no CORS headers)",
                                      factory=list, flag="--cors-origin", metavar="ORIGIN")
+
+    # ---- metrics, silent-failure guards and the viewer (docs/operations.md, "Metrics and guards")
+    metrics_port: int | None = field(default=None, metadata={
+        "help": "also serve GET /metrics without a key on this port (a separate bind for scrapers); "
+                "None: only the admin-key /metrics on the main port"})
+    metrics_host: str = field(default="127.0.0.1", metadata={"help": "address of the --metrics-port bind"})
+    ui: bool = field(default=False, metadata={
+        "help": "serve the trajectory viewer at /ui (admin key required: login form or Authorization header)"})
+    ui_login_ttl: float = field(default=12 * 3600.0, metadata={
+        "help": "seconds a /ui login cookie stays valid"})
+    guard_window: int = field(default=500, metadata={
+        "help": "observations each silent-failure guard looks back over (a reply, an export, a store poll)"})
+    guard_min_events: int = field(default=20, metadata={
+        "help": "events a guard needs in its window before its ratio can raise an alarm"})
+    guard_poll_interval: float = field(default=5.0, metadata={
+        "help": "seconds between polls of the store's write counters (store guard, alarms without traffic)"})
+    guard_tool_parse_failure_ratio: float = field(default=0.1, metadata={
+        "help": "alarm when more than this fraction of tool-call blocks the parser met did not parse"})
+    guard_unparsed_tool_markup_ratio: float = field(default=0.05, metadata={
+        "help": "alarm when more than this fraction of replies show tool-call markup as text"})
+    guard_empty_reply_ratio: float = field(default=0.1, metadata={
+        "help": "alarm when more than this fraction of replies are empty (no text, reasoning or tool call)"})
+    guard_fork_ratio: float = field(default=0.25, metadata={
+        "help": "alarm when more than this fraction of follow-up turns fork instead of extending a parent"})
+    guard_unaligned_turn_ratio: float = field(default=0.05, metadata={
+        "help": "alarm when more than this fraction of turns in concat exports are unaligned (no loss)"})
+    guard_missing_reward_ratio: float = field(default=0.05, metadata={
+        "help": "alarm when more than this fraction of exported samples have no reward"})
+    guard_stale_lag: int = field(default=4, metadata={
+        "help": "a generated token is stale at export when the weights moved more than this many versions since"})
+    guard_stale_token_ratio: float = field(default=0.1, metadata={
+        "help": "alarm when more than this fraction of exported generated tokens are stale"})
+    guard_abort_ratio: float = field(default=0.1, metadata={
+        "help": "alarm when more than this fraction of generations are aborted, fail or are cut by a restart"})
+    guard_store_failure_ratio: float = field(default=0.0, metadata={
+        "help": "alarm when more than this fraction of store writes fail (0: any failure)"})
+
+
+@dataclass
+class ClusterConfig:
+    """Gateway replicas on Ray behind one router (``rlgate serve --replicas N``; see docs/scale-out.md)."""
+
+    replicas: int = field(default=0, metadata={
+        "help": "run N gateway replicas as Ray actors behind a router on --host/--port (0: one plain gateway)"})
+    ray_address: str | None = field(default=None, metadata={
+        "help": "join this Ray cluster (e.g. 'auto' or HOST:6379) instead of starting a local one"})
+    replica_num_cpus: float = field(default=1.0, metadata={"help": "CPUs Ray reserves for each replica"})
+    replica_num_gpus: float = field(default=0.0, metadata={
+        "help": "GPUs Ray reserves for each replica (1 with --engine local on GPU nodes)"})
+    replica_host: str = field(default="127.0.0.1", metadata={
+        "help": "interface each replica's HTTP port binds; 0.0.0.0 when replicas run on other nodes"})
+    ray_num_cpus: int | None = field(default=None, metadata={
+        "help": "local Ray cluster only: CPUs it may schedule (default: the machine's)"})
+    object_store_mb: int = field(default=128, metadata={
+        "help": "local Ray cluster only: object store size in MiB (the data plane does not use it)"})
+    refresh_interval: float = field(default=0.5, metadata={
+        "help": "seconds between the router's refreshes of replica state and load"})
+    namespace: str = field(default="rlgate", metadata={"help": "Ray namespace of the replica actors"})
 
 
 # --------------------------------------------------------------------------- command line

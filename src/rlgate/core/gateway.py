@@ -13,6 +13,7 @@ from rlgate.config import GatewayConfig
 from rlgate.core.generation import GenerationService
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine
+from rlgate.metrics.gateway import GatewayMetrics
 from rlgate.store.base import Store
 
 
@@ -27,3 +28,8 @@ class Gateway:
     sessions: SessionManager
     generation: GenerationService
     started_at: float
+
+    @property
+    def metrics(self) -> GatewayMetrics:
+        """Prometheus registry and silent-failure guards of this gateway."""
+        return self.sessions.gateway_metrics

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlgate.chat.conversation import DigestChain, Message, tools_digest
 from rlgate.chat.output import OutputAssembler, OutputEvent, openai_call_id
-from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser
+from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser, unparsed_tool_blocks
 from rlgate.chat.render import BridgeError, ChatRenderer, TemplateError
 from rlgate.config import GatewayConfig
 from rlgate.core.limits import check_request_limits
@@ -32,7 +33,9 @@ from rlgate.core.request_scope import current_scope
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
 from rlgate.errors import ContextLengthExceeded, InvalidRequest, Unavailable, engine_failure
+from rlgate.metrics.gateway import GatewayMetrics, GenerationOutcome
 from rlgate.store.base import StoreError
+from rlgate.trajectory.flags import is_empty_reply
 from rlgate.trajectory.interaction import Interaction, Session
 from rlgate.trajectory.tree import find_parent
 
@@ -52,6 +55,9 @@ class Prepared:
     interaction: Interaction | None  # None when store=False
     call_id: Callable[[], str]
     chain: DigestChain  # digest of the request messages; + reply = the interaction's prefix key
+    received_at: float = field(default_factory=time.perf_counter)  # for the latency metrics
+    streamed: bool = True  # complete() sets False (metrics label)
+    reported: bool = False  # the outcome went to the metrics (once per run)
 
 
 @dataclass
@@ -79,8 +85,10 @@ class GenerationService:
         tokenizer: Any,
         sessions: SessionManager,
         stop_token_ids: list[int],
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.config = config
+        self.metrics = metrics if metrics is not None else sessions.gateway_metrics
         self.engine = engine
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
@@ -157,6 +165,7 @@ class GenerationService:
         id_prefix: str,
         call_id: Callable[[], str] = openai_call_id,
     ) -> Prepared:
+        received_at = time.perf_counter()
         self.sessions.require_generating(session)
         prompt, interaction, chain = self.build_prompt(session, req)
         ctx = self.context_length
@@ -199,17 +208,23 @@ class GenerationService:
             "max_new_tokens": max_new,
         }
         return Prepared(session, req, interaction_id, api, prompt, sampling,
-                        interaction if req.store else None, call_id, chain)
+                        interaction if req.store else None, call_id, chain, received_at)
 
     # ------------------------------------------------------------------ run
 
+    def _tool_parser_name(self, p: Prepared) -> str | None:
+        """The tool parser that runs for this request (None: tool parsing is off)."""
+        if p.request.tools and p.request.tool_choice != "none" and self.config.tool_parser:
+            return self.config.tool_parser
+        return None
+
     def _assembler(self, p: Prepared) -> OutputAssembler:
-        tool_parser = self.config.tool_parser if p.request.tools and p.request.tool_choice != "none" else None
+        parser = self._tool_parser_name(p)
         return OutputAssembler(
             self.tokenizer,
             stop_token_ids=self.stop_token_ids,
             stop_strings=p.request.stop,
-            tool_parser=get_tool_parser(tool_parser) if tool_parser else None,
+            tool_parser=get_tool_parser(parser) if parser else None,
             reasoning_parser=get_reasoning_parser(self.config.reasoning_parser) if self.config.reasoning_parser else None,
             call_id=p.call_id,
         )
@@ -230,6 +245,7 @@ class GenerationService:
         versions: list[int] = []
         engine_finish: str | None = None
         final: Finished | None = None
+        first_token_at: float | None = None
         stream = self.engine.stream(
             GenerateRequest(p.prompt_ids, p.sampling, request_id=p.interaction_id, session_id=p.session.id)
         )
@@ -241,6 +257,8 @@ class GenerationService:
                 if not len(delta.token_ids) == len(delta.logprobs) == len(delta.versions):
                     raise EngineError(f"malformed engine output: {len(delta.token_ids)} token ids, "
                                       f"{len(delta.logprobs)} logprobs, {len(delta.versions)} versions in one delta")
+                if first_token_at is None and delta.token_ids:
+                    first_token_at = time.perf_counter()
                 ids += delta.token_ids  # beyond a stop string's match: cut to kept_tokens on record
                 logprobs += delta.logprobs
                 versions += delta.versions
@@ -259,18 +277,18 @@ class GenerationService:
                     yield ev
             for ev in assembler.finish():
                 yield ev
-            final = self._record(p, assembler, ids, logprobs, versions, engine_finish)
+            final = self._record(p, assembler, ids, logprobs, versions, engine_finish, first_token_at)
         except EngineError as exc:  # the engine failed: a 5xx that names it (or its 400)
-            self._fail(p, f"engine error: {exc.message}")
+            self._fail(p, f"engine error: {exc.message}", len(ids), first_token_at)
             raise engine_failure(exc.message, status=exc.status, code=exc.code) from exc
         except Exception as exc:  # rlgate's own failure: recorded, then reported as an internal error
-            self._fail(p, f"internal error: {exc!r}")
+            self._fail(p, f"internal error: {exc!r}", len(ids), first_token_at)
             raise
         finally:
             try:
-                if final is None and p.interaction is not None and p.interaction.status == "pending":
+                if final is None and not p.reported:
                     # The consumer went away (disconnect / cancellation): keep what was generated.
-                    self._record(p, assembler, ids, logprobs, versions, "abort")
+                    self._record(p, assembler, ids, logprobs, versions, "abort", first_token_at)
             finally:
                 p.session.in_flight -= 1
                 await _abort(stream)  # aborts the engine request if it is still running
@@ -282,9 +300,22 @@ class GenerationService:
             raise Unavailable(str(exc), code="store_unavailable") from exc
         yield final
 
-    def _fail(self, p: Prepared, error: str) -> None:
+    def _fail(self, p: Prepared, error: str, generated: int, first_token_at: float | None) -> None:
         if p.interaction is not None and p.interaction.status == "pending":
             self.sessions.fail_interaction(p.session, p.interaction, error)
+        self._report(p, GenerationOutcome(
+            api=p.api, streamed=p.streamed, finish_reason="error", prompt_tokens=len(p.prompt_ids),
+            completion_tokens=generated, ttft_s=None, total_s=0.0), first_token_at)
+
+    def _report(self, p: Prepared, outcome: GenerationOutcome, first_token_at: float | None) -> None:
+        """Hand the outcome to the metrics and guards, once per run."""
+        if p.reported:
+            return
+        p.reported = True
+        now = time.perf_counter()
+        outcome.total_s = now - p.received_at
+        outcome.ttft_s = first_token_at - p.received_at if first_token_at is not None else None
+        self.metrics.record_generation(outcome)
 
     def _record(
         self,
@@ -294,6 +325,7 @@ class GenerationService:
         logprobs: list[float],
         versions: list[int],
         engine_finish: str | None,
+        first_token_at: float | None = None,
     ) -> Finished:
         out = assembler.result
         kept = assembler.kept_tokens
@@ -318,6 +350,15 @@ class GenerationService:
             inter.output_message = message
             inter.prefix_key = p.chain.copy().add(message).hexdigest()
             self.sessions.complete_interaction(p.session, inter)
+        parser = self._tool_parser_name(p)
+        text = out.content
+        self._report(p, GenerationOutcome(
+            api=p.api, streamed=p.streamed, finish_reason=finish, prompt_tokens=len(p.prompt_ids),
+            completion_tokens=kept, ttft_s=None, total_s=0.0, parser=parser, tool_calls=len(out.tool_calls),
+            parse_failures=unparsed_tool_blocks(text, parser) if parser else 0,
+            unparsed_markup=unparsed_tool_blocks(text), empty=is_empty_reply(message),
+            relation=inter.relation if inter is not None else None,
+            fork_reason=inter.fork_reason if inter is not None else None), first_token_at)
         return Finished(
             interaction_id=p.interaction_id,
             content=out.content,
@@ -334,6 +375,7 @@ class GenerationService:
     async def complete(self, p: Prepared) -> Finished:
         """Run to the end and return only the final result (non-streaming surfaces)."""
         final: Finished | None = None
+        p.streamed = False
         async for ev in self.run(p, incremental=False):
             if isinstance(ev, Finished):
                 final = ev

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from rlgate.config import GatewayConfig
+from rlgate.core.naming import DefaultNaming, SessionNaming
 from rlgate.core.request_scope import after_response, note_write
 from rlgate.errors import (
     AuthenticationFailed,
@@ -29,6 +30,7 @@ from rlgate.errors import (
     RateLimited,
     Unavailable,
 )
+from rlgate.metrics.gateway import GatewayMetrics
 from rlgate.store.base import Store
 from rlgate.trajectory.export import ExportStyle, export_samples
 from rlgate.trajectory.interaction import Interaction, Session, TrajectoryMode
@@ -44,22 +46,30 @@ def hash_key(key: str) -> str:
 
 
 class SessionManager:
-    def __init__(self, config: GatewayConfig, store: Store) -> None:
+    def __init__(self, config: GatewayConfig, store: Store, naming: SessionNaming | None = None,
+                 metrics: GatewayMetrics | None = None) -> None:
         self.config = config
         self.store = store
+        self.naming: SessionNaming = naming or DefaultNaming()
+        self.gateway_metrics = metrics if metrics is not None else GatewayMetrics(config)  # Prometheus + guards
         self.sessions: dict[str, Session] = {}
         self._by_key: dict[str, str] = {}  # key digest -> session id
         self.capacity = 0  # admissions left in "granted" capacity mode
         self._admin_hash = hash_key(config.admin_key)
         self.metrics: dict[str, int] = {
             "sessions_started": 0,
+            "sessions_ended": 0,
             "sessions_exported": 0,
+            "sessions_interrupted": 0,
             "interactions_completed": 0,
             "interactions_failed": 0,
             "interactions_aborted": 0,
             "sessions_swept": 0,
         }
         self.accepting = True  # False while shutting down: no new sessions
+        # ended / interrupted sessions not exported yet, oldest first (for collect())
+        self._finished: dict[str, None] = {}
+        self._finished_changed: asyncio.Event | None = None
 
     # ------------------------------------------------------------------ restart
 
@@ -70,6 +80,7 @@ class SessionManager:
         409 / 410 with the reason); keys of exported sessions stay retired (401).
         """
         self.capacity = int(self.store.load_meta().get("capacity", 0))
+        cut = 0
         for s in self.store.load():
             if s.exported_at is not None and self.config.retain_exported <= 0:
                 self.store.delete_session(s.id)  # exported before the restart; no audit retention now
@@ -77,12 +88,14 @@ class SessionManager:
             if s.status == "active":
                 s.status = "interrupted"
                 s.ended_at = time.time()
+                self.metrics["sessions_interrupted"] += 1
                 self.store.save_session(s)
                 log.debug("session %s was active at shutdown: marked interrupted", s.id)
             for i in s.interactions.values():
                 if i.status == "pending":
                     i.status = "failed"
                     i.error = "gateway stopped during generation"
+                    cut += 1
                     self.store.save_interaction(i)
                 if i.completed:
                     i.prefix_key = i.prefix_key or interaction_key(i)
@@ -91,6 +104,8 @@ class SessionManager:
             self.sessions[s.id] = s
             if s.exported_at is None:  # later sessions (created_at order) win a reused key
                 self._by_key[s.key_hash] = s.id
+                self._finished[s.id] = None
+        self.gateway_metrics.record_restart(cut)
         if self.sessions:
             by_status: dict[str, int] = {}
             for s in self.sessions.values():
@@ -112,12 +127,20 @@ class SessionManager:
 
     def _free_session_id(self, task_id: str) -> str:
         k = 0
-        while f"{task_id}-{k}" in self.sessions:
+        while self.naming.session_id(f"{task_id}-{k}") in self.sessions:
             k += 1
-        return f"{task_id}-{k}"
+        return self.naming.session_id(f"{task_id}-{k}")
 
     def open_sessions(self) -> int:
         return sum(1 for s in self.sessions.values() if s.status == "active")
+
+    def sessions_by_status(self) -> dict[str, int]:
+        """Held sessions by status; sessions kept for audit after export count as "exported"."""
+        out: dict[str, int] = {}
+        for s in self.sessions.values():
+            key = "exported" if s.exported_at is not None else s.status
+            out[key] = out.get(key, 0) + 1
+        return out
 
     def start_session(
         self,
@@ -156,7 +179,7 @@ class SessionManager:
                                   code="no_capacity")
             self.capacity -= 1
             note_write(self.store.save_meta("capacity", self.capacity))
-        key = api_key if api_key is not None else secrets.token_urlsafe(32)
+        key = api_key if api_key is not None else self.naming.new_key()
         digest = hash_key(key)
         session = Session(
             id=self._free_session_id(task_id),
@@ -206,7 +229,9 @@ class SessionManager:
         if session.status == "active":
             session.status = "ended"
             session.ended_at = time.time()
+            self.metrics["sessions_ended"] += 1
             note_write(self.store.save_session(session))
+            self._mark_finished(session)
             log.info("session %s ended with %d interactions", session.id, len(session.interactions))
         return len(session.completed_interactions())
 
@@ -263,7 +288,10 @@ class SessionManager:
         discount: float = 1.0,
         keep: bool = False,
         wait_timeout: float = 0.0,
+        current_version: int | None = None,
     ) -> dict[str, Any]:
+        """The session's samples (see trajectory/export.py); ``current_version``: the engine's weight
+        version now, for the staleness metrics (None: not measured)."""
         session = self.sessions.get(session_id)
         if session is None or session.exported_at is not None:
             raise NotFound(f"session {session_id!r} not found (never started, or already exported)")
@@ -278,6 +306,7 @@ class SessionManager:
                 )
             await asyncio.sleep(min(left, 0.02))
         samples, stats = export_samples(list(session.interactions.values()), style=style, discount=discount)
+        self.gateway_metrics.record_export(samples, stats, style, current_version)
         response = {
             "session_id": session.id,
             "task_id": session.task_id,
@@ -302,6 +331,7 @@ class SessionManager:
         if self._by_key.get(session.key_hash) == session.id:  # the key may map to a newer session
             del self._by_key[session.key_hash]
         session.exported_at = time.time()
+        self._finished.pop(session.id, None)
 
         def drop() -> None:
             if self.config.retain_exported > 0:
@@ -312,6 +342,40 @@ class SessionManager:
 
         after_response(drop)
         log.info("session %s exported", session.id)
+
+    def _mark_finished(self, session: Session) -> None:
+        self._finished[session.id] = None
+        if self._finished_changed is not None:
+            self._finished_changed.set()
+
+    async def collect(self, max_sessions: int, *, wait_timeout: float = 0.0, style: ExportStyle = "individual",
+                      discount: float = 1.0) -> list[dict[str, Any]]:
+        """Exports of up to ``max_sessions`` finished sessions (ended or interrupted, nothing in
+        flight, not exported yet), in the order they finished; waits up to ``wait_timeout``
+        seconds for the first. Each is exported as by :meth:`export` (dropped once the response
+        is sent): a trainer drains every finished trajectory without naming sessions."""
+        deadline = time.monotonic() + max(0.0, wait_timeout)
+        while True:
+            ready = [sid for sid in self._finished
+                     if (s := self.sessions.get(sid)) is not None and s.exported_at is None and not s.in_flight
+                     and s.status != "active"][:max_sessions]
+            left = deadline - time.monotonic()
+            if ready or left <= 0:
+                break
+            if self._finished_changed is None:
+                self._finished_changed = asyncio.Event()
+            self._finished_changed.clear()
+            try:
+                await asyncio.wait_for(self._finished_changed.wait(), min(left, 0.5))
+            except TimeoutError:
+                pass
+        out = []
+        for sid in ready:
+            try:
+                out.append(await self.export(sid, style=style, discount=discount))
+            except NotFound:  # another collector took it meanwhile
+                continue
+        return out
 
     # ------------------------------------------------------------------ housekeeping
 

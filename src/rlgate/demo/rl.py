@@ -78,15 +78,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_gateway(model_dir: Path, admin_key: str, log_path: Path) -> tuple[subprocess.Popen, str]:
+def _start_gateway(model_dir: Path, admin_key: str, log_path: Path,
+                   metrics_port: int | None = None) -> tuple[subprocess.Popen, str]:
     import httpx
 
     port = _free_port()
     log_file = log_path.open("w")
+    extra = ["--metrics-port", str(metrics_port)] if metrics_port is not None else []
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(model_dir), "--engine", "local",
          "--host", "127.0.0.1", "--port", str(port), "--capacity-mode", "granted", "--log-level", "warning",
-         "--model-name", "tiny-policy", "--store", ":memory:"],
+         "--model-name", "tiny-policy", "--store", ":memory:", *extra],
         env={**os.environ, "RLGATE_ADMIN_KEY": admin_key},  # not on the command line (ps shows argv)
         stdout=log_file, stderr=subprocess.STDOUT,
     )
@@ -146,7 +148,7 @@ def _plot(path: Path, history: list[dict[str, float]], evals: list[tuple[int, fl
 
 
 async def _train(url: str, admin_key: str, model_dir: Path, out: Path, task: str, split: Any,
-                 settings: DemoSettings, seed: int, console: Any) -> dict[str, Any]:
+                 settings: DemoSettings, seed: int, console: Any, exporter: Any = None) -> dict[str, Any]:
     import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers import AutoModelForCausalLM
@@ -214,6 +216,8 @@ async def _train(url: str, admin_key: str, model_dir: Path, out: Path, task: str
             if state.step % settings.eval_every == 0 and state.step < settings.steps:
                 last_acc = await accuracy()
                 evals.append((state.step, last_acc))
+            if exporter is not None:
+                await exporter.step(state.step, {**m, "eval_accuracy": last_acc}, state.version)
             tps = m["generated_tokens"] / max(m["rollout_s"], 1e-9)
             progress.update(bar, advance=1, description=(
                 f"step {state.step}  reward {m['reward']:.2f}  acc {last_acc:.1%}  {tps:,.0f} tok/s"))
@@ -262,7 +266,8 @@ async def _train(url: str, admin_key: str, model_dir: Path, out: Path, task: str
 
 
 def run_demo(out: Path, *, task: str = "math", seed: int = 0, steps: int | None = None,
-             overrides: dict[str, Any] | None = None) -> int:
+             overrides: dict[str, Any] | None = None, metrics_port: int | None = None,
+             pushgateway: str | None = None, gateway_metrics_port: int | None = None) -> int:
     from rich.console import Console
 
     console = Console()
@@ -294,11 +299,21 @@ def run_demo(out: Path, *, task: str = "math", seed: int = 0, steps: int | None 
     # SIGTERM ends the demo like Ctrl+C does: through the `finally` that stops the gateway
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    proc, url = _start_gateway(warm_dir, admin_key, out / "gateway.log")
+    proc, url = _start_gateway(warm_dir, admin_key, out / "gateway.log", gateway_metrics_port)
     console.print(f"gateway on {url} (local engine, weights from {warm_dir.name})")
+    exporter = None
+    if metrics_port is not None or pushgateway:
+        from rlgate.train.telemetry import MetricsSettings, StepExporter
+
+        exporter = StepExporter(MetricsSettings(port=metrics_port, pushgateway=pushgateway, job="rlgate-demo"))
+        console.print(f"training metrics: {exporter.url or pushgateway}"
+                      + (f"; gateway metrics: http://127.0.0.1:{gateway_metrics_port}/metrics"
+                         if gateway_metrics_port is not None else ""))
     try:
-        result = asyncio.run(_train(url, admin_key, warm_dir, out, task, split, settings, seed, console))
+        result = asyncio.run(_train(url, admin_key, warm_dir, out, task, split, settings, seed, console, exporter))
     finally:
+        if exporter is not None:
+            exporter.close()
         proc.terminate()
         try:
             proc.wait(30)

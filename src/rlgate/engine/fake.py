@@ -67,6 +67,8 @@ class FakeEngine(StreamingEngineMixin):
         self.requests: list[GenerateRequest] = []
         self.aborted = 0  # streams closed before they finished
         self._version = 0
+        self._running = asyncio.Event()  # cleared while generation is paused (weight updates)
+        self._running.set()
         self._script_pos = 0
         self._filler = tokenizer.encode(_FILLER, add_special_tokens=False) if tokenizer is not None else list(range(10, 60))
 
@@ -129,6 +131,8 @@ class FakeEngine(StreamingEngineMixin):
                     break
                 if self.token_delay:
                     await asyncio.sleep(self.token_delay)
+                if not self._running.is_set():  # paused: this token waits (and gets the version after)
+                    await self._running.wait()
                 finish: FinishReason | None = "stop" if tok in stops else None
                 if finish is None and pos + 1 >= limit:
                     finish = "length"
@@ -148,6 +152,17 @@ class FakeEngine(StreamingEngineMixin):
             raise WeightUpdateError(f"no checkpoint directory at {path!r}")
         self._version += 1
         return self._version
+
+    async def pause_generation(self) -> None:
+        """Requests in flight stop before their next token; they continue on ``continue_generation``."""
+        self._running.clear()
+
+    async def continue_generation(self) -> None:
+        self._running.set()
+
+    def restore_version(self, version: int) -> None:
+        """Declare the weights loaded now to be ``version`` (a replica catching up after a restart)."""
+        self._version = version
 
     async def bump_version(self) -> int:
         self._version += 1

@@ -20,6 +20,8 @@ Modes:
   object must be picklable (its class importable). A child that outlives its timeout is
   killed. Process start-up costs ~0.5–1 s per episode; use it for agents that block,
   leak or crash, not for throughput.
+* ``ray``: each episode runs as a Ray task anywhere in the cluster, with the same
+  environment as ``subprocess`` and its own resource request (``rollout/ray_mode.py``).
 """
 
 from __future__ import annotations

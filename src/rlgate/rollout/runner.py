@@ -119,11 +119,17 @@ class RolloutRunner:
         group_size: int = 8,
         concurrency: int = 64,
         episode_timeout: float = 120.0,
-        mode: Literal["inline", "subprocess"] = "inline",
+        mode: Literal["inline", "subprocess", "ray"] = "inline",
         export_style: Literal["individual", "concat"] = "individual",
         discount: float = 1.0,
         allowance: Allowance | None = None,
+        ray_options: dict[str, Any] | None = None,
+        collector: Any = None,
     ) -> None:
+        """``ray_options``: mode ``ray`` only, the resource request of each episode's Ray task
+        (default ``{"num_cpus": 1}``; see ``rollout/ray_mode.py``). ``collector``: a
+        :class:`~rlgate.cluster.collector.Collector`; episodes then get their export from it (one
+        stream per replica) instead of exporting their session themselves."""
         self.client = client
         self._agent_for: AgentFactory = agent if _is_factory(agent) else (lambda gid, data: agent)
         self.group_size = group_size
@@ -132,10 +138,16 @@ class RolloutRunner:
         self.export_style = export_style
         self.discount = discount
         self.allowance = allowance
+        self.collector = collector
         self.counters = RolloutCounters()
         self._sem = asyncio.Semaphore(concurrency)
         self._concurrency = concurrency
         self._http: Any = None
+        self._ray: Any = None
+        if mode == "ray":
+            from rlgate.rollout.ray_mode import RayEpisodes
+
+            self._ray = RayEpisodes(ray_options)
 
     def http_client(self) -> Any:
         """One HTTP client shared by every inline agent's SDK client.
@@ -190,6 +202,8 @@ class RolloutRunner:
                 kwargs = dict(base_url=self.client.base_url, api_key=session.api_key, timeout=self.episode_timeout)
                 if self.mode == "subprocess":
                     ep.result = await run_subprocess(agent, data, **kwargs)
+                elif self.mode == "ray":
+                    ep.result = await self._ray.run(agent, data, **kwargs)
                 else:
                     ep.result = await run_inline(agent, data, http_client=self.http_client(), **kwargs)
                 if isinstance(ep.result, dict):
@@ -197,8 +211,16 @@ class RolloutRunner:
                         await session.set_reward(r, interaction_id=iid)
                 else:
                     await session.set_reward(ep.result)
-                await session.end()
-                export = await session.export(style=self.export_style, discount=self.discount)
+                if self.collector is not None:
+                    collected = self.collector.expect(session.session_id)
+                    try:
+                        await session.end()
+                        export = await asyncio.wait_for(collected, self.episode_timeout)
+                    finally:
+                        collected.cancel()
+                else:
+                    await session.end()
+                    export = await session.export(style=self.export_style, discount=self.discount)
                 ep.samples, ep.stats, ep.ok = export["interactions"], export["stats"], True
                 self.counters.completed += 1
             except Exception as exc:  # noqa: BLE001 - a failure loses only this episode (cancellation propagates)
@@ -217,11 +239,18 @@ class RolloutRunner:
         """End and drop a failed episode's session, so its key is retired and memory freed."""
         if session is None:
             return
+        collected = self.collector.expect(session.session_id) if self.collector is not None else None
         try:
             await session.end()
-            await session.export()
+            if collected is not None:  # the collector takes it (and it is dropped here), not the trainer
+                await asyncio.wait_for(collected, self.episode_timeout)
+            else:
+                await session.export()
         except Exception:  # noqa: BLE001 - best effort; the gateway's sweeper retires it otherwise
             pass
+        finally:
+            if collected is not None:
+                collected.cancel()
 
     # ------------------------------------------------------------------ groups
 

@@ -26,10 +26,14 @@ from rlgate.api.openapi import install_openapi
 from rlgate.config import GatewayConfig
 from rlgate.core.gateway import Gateway
 from rlgate.core.generation import GenerationService
+from rlgate.core.naming import SessionNaming
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine
+from rlgate.metrics.gateway import GatewayMetrics
 from rlgate.server.body_limit import BodyLimitMiddleware
 from rlgate.server.durability import DurabilityMiddleware
+from rlgate.server.metrics_http import MetricsServer
+from rlgate.server.request_metrics import RequestMetricsMiddleware
 from rlgate.store.base import Store
 
 log = logging.getLogger("rlgate.server")
@@ -42,8 +46,12 @@ def create_app(
     tokenizer: Any,
     *,
     stop_token_ids: list[int] | None = None,
+    naming: SessionNaming | None = None,
 ) -> FastAPI:
-    sessions = SessionManager(config, store)
+    """``naming``: how session keys and ids are made (default: random keys, ``{task_id}-{k}``
+    ids; gateway replicas behind a router pass one whose keys name the replica)."""
+    metrics = GatewayMetrics(config)
+    sessions = SessionManager(config, store, naming, metrics)
     sessions.restore()
     stops = config.stop_token_ids or stop_token_ids
     if not stops:
@@ -54,19 +62,26 @@ def create_app(
         config=config, engine=engine, tokenizer=tokenizer, sessions=sessions, stop_token_ids=stops
     )
     gateway = Gateway(config, engine, store, tokenizer, sessions, generation, time.time())
+    _bind_metrics(metrics, sessions, engine, store)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         sweeper = asyncio.create_task(_sweep_forever(sessions, config.sweep_interval))
+        poller = asyncio.create_task(_poll_guards_forever(metrics, config.guard_poll_interval))
+        side = MetricsServer(metrics.registry, config.metrics_host, config.metrics_port) \
+            if config.metrics_port is not None else None
         try:
             yield
         finally:
             # Shutdown order: no new sessions; stop the sweeper; close the engine (aborts what is
             # still generating, which records those interactions); then flush and close the store.
             sessions.accepting = False
-            sweeper.cancel()
-            await asyncio.wait([sweeper])  # its end, not its outcome (a cancelled shutdown still raises)
+            for task in (sweeper, poller):
+                task.cancel()
+            await asyncio.wait([sweeper, poller])  # their end, not their outcome (a cancelled shutdown still raises)
+            if side is not None:
+                await asyncio.to_thread(side.stop)
             try:
                 await engine.close()
             finally:
@@ -84,6 +99,12 @@ def create_app(
         body_models += surface.BODY_MODELS
     app.include_router(control.router)
     install_openapi(app, body_models)
+    if config.ui:  # the trajectory viewer (off by default; admin only, see ui/auth.py)
+        from rlgate.ui.auth import UiLogins
+        from rlgate.ui.routes import router as ui_router
+
+        app.state.ui_logins = UiLogins(config.ui_login_ttl)
+        app.include_router(ui_router)
 
     app.add_middleware(DurabilityMiddleware, store=store)
     if config.cors_origins:
@@ -92,7 +113,31 @@ def create_app(
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["*"],
                            allow_headers=["*"])
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)  # outermost: sees every final status
     return app
+
+
+def _bind_metrics(metrics: GatewayMetrics, sessions: SessionManager, engine: Engine, store: Store) -> None:
+    """Point the scrape-time collectors at the numbers kept by the sessions, engine and store."""
+    metrics.bind(session_counters=lambda: sessions.metrics, sessions_by_status=sessions.sessions_by_status,
+                 engine_version=lambda: engine.version)
+    stats = getattr(engine, "stats", None)
+    if callable(stats):  # the local engine: batch occupancy
+        metrics.bind(engine_stats=stats)
+    if hasattr(engine, "on_queue_wait"):
+        engine.on_queue_wait = metrics.queue_seconds.observe
+    if isinstance(getattr(store, "stats", None), dict):  # SQLiteStore: writes and failed writes
+        metrics.bind(store_stats=lambda: store.stats)  # type: ignore[attr-defined]
+
+
+async def _poll_guards_forever(metrics: GatewayMetrics, interval: float) -> None:
+    """Guards that watch counters kept elsewhere (store writes) alarm even without traffic."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            metrics.poll()
+        except Exception:  # noqa: BLE001 - the poller must never die
+            log.exception("metrics poll failed")
 
 
 async def _sweep_forever(sessions: SessionManager, interval: float) -> None:

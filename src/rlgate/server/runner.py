@@ -15,19 +15,26 @@ class ServerThread:
     ``port=0`` picks a free ephemeral port; ``url`` is ``http://127.0.0.1:PORT``.
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                 timeout_keep_alive: int = 5) -> None:
         self.config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                                     access_log=False, timeout_graceful_shutdown=10)
+                                     access_log=False, timeout_graceful_shutdown=10,
+                                     timeout_keep_alive=timeout_keep_alive)
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self._run, name="rlgate-server", daemon=True)
         self.url = ""
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's event loop, once serving
         self._error: BaseException | None = None
 
     def _run(self) -> None:
         try:
-            asyncio.run(self.server.serve())
+            asyncio.run(self._serve())
         except BaseException as exc:  # noqa: BLE001 - surfaced in start()
             self._error = exc
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.server.serve()
 
     def start(self) -> str:
         self.thread.start()

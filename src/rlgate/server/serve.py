@@ -57,10 +57,14 @@ class GatewayServer(uvicorn.Server):
         # Unlike uvicorn, do not re-raise the signal: a graceful shutdown exits 0.
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.gateway.sessions.accepting = False  # first: no new sessions from here on
+        if self.gateway is not None:  # None: the cluster router (it holds no sessions)
+            self.gateway.sessions.accepting = False  # first: no new sessions from here on
         super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: Any = None) -> None:
+        if self.gateway is None:
+            await super().shutdown(sockets)
+            return
         self.gateway.sessions.accepting = False
         in_flight = sum(s.in_flight for s in self.gateway.sessions.sessions.values())
         log.warning("shutting down: admitting no new sessions; %d generations in flight get up to %.0f s",

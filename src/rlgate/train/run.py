@@ -13,7 +13,9 @@ overrides (dotted keys, YAML values: ``--set grpo.lr=1e-5 --set steps=200``)::
     grpo: {lr: 1.0e-6, groups_per_step: 16, max_staleness: 1}
     rollout: {group_size: 8, concurrency: 64, export_style: individual}
     gateway: {}                          # in-process gateway + local engine (colocated sync)
+    metrics: {port: 9400}                # Prometheus: per-step gauges (+ the in-process gateway's)
     # gateway: {url: http://gpu-box:8000, sync_dir: /shared/ckpt}   # remote gateway
+    # ray: {replicas: 4, address: auto, episode: {num_cpus: 1}}       # replicas + rollouts on Ray
 
 Checkpoints (model, tokenizer, optimiser, loop state) go to
 ``out_dir/checkpoints/step-N``; with ``resume: true`` (default) a rerun continues from
@@ -38,6 +40,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from rlgate.train.grpo import GRPOConfig
+from rlgate.train.telemetry import MetricsSettings
 
 
 class RolloutSettings(BaseModel):
@@ -60,6 +63,23 @@ class GatewaySettings(BaseModel):
     device: str | None = None
 
 
+class RaySettings(BaseModel):
+    """Run on a Ray cluster: rollouts as Ray tasks (``rollout.mode`` becomes ``ray``) and, with
+    ``replicas``, the gateway as that many replicas behind a router in this process (each with a
+    local engine on ``replica_num_gpus`` GPUs), weights synced through the router's controller."""
+
+    model_config = {"extra": "forbid"}
+
+    address: str | None = None  # an existing cluster ("auto", HOST:6379); None: start a local one
+    num_cpus: int | None = None  # local cluster only: CPUs it may schedule
+    replicas: int = Field(default=0, ge=0)  # 0: the gateway as configured in `gateway:`
+    replica_num_cpus: float = Field(default=1.0, ge=0)
+    replica_num_gpus: float = Field(default=0.0, ge=0)
+    replica_host: str = "127.0.0.1"  # 0.0.0.0 when replicas run on other nodes
+    episode: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 1})  # each episode's resource request
+    data_dir: str | None = None  # replicas' stores (default out_dir/replicas; must be on each node)
+
+
 class TrainConfig(BaseModel):
     model: str
     out_dir: str = "runs/rlgate"
@@ -75,6 +95,8 @@ class TrainConfig(BaseModel):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    ray: RaySettings | None = None
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)  # Prometheus port / Pushgateway
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -183,13 +205,25 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
         state.step, state.history = saved["step"], saved["history"]
         print(f"resuming from {ckpt} (step {state.step})")
 
-    server = engine = None
-    if cfg.gateway.url:
+    gateway_registries: tuple[Any, ...] = ()
+    server = engine = cluster = None
+    sync: Any
+    if cfg.ray is not None:
+        from rlgate.cluster.launch import init_ray
+        from rlgate.config import ClusterConfig
+
+        init_ray(ClusterConfig(ray_address=cfg.ray.address, ray_num_cpus=cfg.ray.num_cpus))
+    if cfg.ray is not None and cfg.ray.replicas > 0:
+        cluster, client = _start_cluster(cfg, out)
+        sync = RemoteSync(client, cfg.gateway.sync_dir or out / "sync")
+        if ckpt is not None:
+            await sync.push(trainer.model)
+    elif cfg.gateway.url:
         admin_key = cfg.gateway.admin_key or os.environ.get("RLGATE_ADMIN_KEY")
         if not admin_key:
             raise SystemExit("gateway.url needs gateway.admin_key or $RLGATE_ADMIN_KEY")
         client = GatewayClient(cfg.gateway.url, admin_key)
-        sync: Any = RemoteSync(client, cfg.gateway.sync_dir or out / "sync")
+        sync = RemoteSync(client, cfg.gateway.sync_dir or out / "sync")
         if ckpt is not None:
             await sync.push(trainer.model)  # the gateway must serve the resumed weights
     else:
@@ -210,11 +244,14 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
             engine, MemoryStore(), tokenizer, stop_token_ids=stop_token_ids(tokenizer, cfg.model))
         server = ServerThread(app)
         client = GatewayClient(server.start(), admin_key)
+        gateway_registries = (app.state.gateway.metrics.registry,)
         sync = ColocatedSync(engine)
 
     agent = load_agent(cfg.agent, cfg.agent_kwargs)
     runner = RolloutRunner(client, agent, group_size=cfg.rollout.group_size, concurrency=cfg.rollout.concurrency,
-                           episode_timeout=cfg.rollout.episode_timeout, mode=cfg.rollout.mode,
+                           episode_timeout=cfg.rollout.episode_timeout,
+                           mode="ray" if cfg.ray is not None else cfg.rollout.mode,
+                           ray_options=cfg.ray.episode if cfg.ray is not None else None,
                            export_style=cfg.rollout.export_style, discount=cfg.rollout.discount)
     data = read_jsonl(cfg.dataset)
     eval_data = [{**d, "temperature": 0.0} for d in read_jsonl(cfg.eval_dataset)] if cfg.eval_dataset else []
@@ -235,6 +272,11 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
                 yield f"s{state.step}-g{i}", data[j]
                 i += 1
 
+    from rlgate.train.telemetry import StepExporter
+
+    exporter = StepExporter(cfg.metrics, extra_registries=gateway_registries)
+    if exporter.url:
+        print(f"metrics: {exporter.url}")
     metrics_file = (out / "metrics.jsonl").open("a")
     try:
         state.version = (await client.health())["version"]
@@ -249,6 +291,7 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
                     m["eval_accuracy"] = accuracy
             metrics_file.write(json.dumps(m) + "\n")
             metrics_file.flush()
+            await exporter.step(st.step, m, st.version)
             print(f"step {st.step}: reward {m['reward']:.3f} loss {m['loss']:.4f} "
                   f"({m['rollout_s']:.1f} s rollout, {m['train_s']:.1f} s train)")
             if st.step % cfg.checkpoint_every == 0:
@@ -262,10 +305,39 @@ async def _train(cfg: TrainConfig) -> dict[str, Any]:
         return {"steps": state.step, "version": state.version, "eval_start": first_eval, "eval_end": final_eval}
     finally:
         metrics_file.close()
+        exporter.close()
         await runner.aclose()
         await client.aclose()
         if server is not None:
             server.stop()
+        if cluster is not None:
+            cluster.stop()
+
+
+def _start_cluster(cfg: TrainConfig, out: Path) -> tuple[Any, Any]:
+    """Gateway replicas with local engines on Ray, a router in this process; (cluster, client)."""
+    from rlgate.client import GatewayClient
+    from rlgate.cluster.engines import LocalEngineSpec
+    from rlgate.cluster.launch import Cluster
+    from rlgate.cluster.replica import ReplicaSpec
+    from rlgate.config import ClusterConfig, GatewayConfig
+
+    assert cfg.ray is not None
+    admin_key = secrets.token_urlsafe(32)
+    model = str(Path(cfg.model).resolve())
+    spec = ReplicaSpec(
+        model=model,
+        config=GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
+                             reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
+                             context_length=cfg.gateway.context_length, model_name=Path(cfg.model).name),
+        engine=LocalEngineSpec(model, device=cfg.gateway.device), host=cfg.ray.replica_host,
+        data_dir=str(Path(cfg.ray.data_dir or out / "replicas").resolve()))
+    cluster = Cluster(spec, ClusterConfig(replicas=cfg.ray.replicas, ray_address=cfg.ray.address,
+                                          replica_num_cpus=cfg.ray.replica_num_cpus,
+                                          replica_num_gpus=cfg.ray.replica_num_gpus,
+                                          replica_host=cfg.ray.replica_host))
+    cluster.start()
+    return cluster, GatewayClient(cluster.start_router(), admin_key)
 
 
 def run_training(config_path: str, overrides: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ Sample (one dict per exported sequence, all token-aligned lists of length L)::
     id             interaction id (concat: the leaf's id)
     parent_id      interaction this one extends, or None
     relation       "root" | "extend" | "fork"
+    fork_reason    why a fork started a new branch (None unless relation == "fork")
     chain          concat only: interaction ids root -> leaf
     input_ids      prompt + output token ids
     loss_mask      1 on tokens the model generated (any turn of the chain), else 0
@@ -15,6 +16,8 @@ Sample (one dict per exported sequence, all token-aligned lists of length L)::
     finish_reason  of the (leaf) interaction
     messages       request messages (OpenAI chat form)
     output_message the reply as the client received it (OpenAI chat form)
+    flags          silent-failure flags (trajectory/flags.py): empty_reply, unparsed_tool_call,
+                   aborted, fork, no_reward, unaligned (concat: of any turn of the chain)
 
 See docs/trajectory-format.md for a worked example.
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlgate.chat.conversation import message_to_openai
+from rlgate.trajectory.flags import reply_flags
 from rlgate.trajectory.interaction import Interaction
 from rlgate.trajectory.tree import chain_of, children_map, discounted_rewards
 
@@ -38,6 +42,7 @@ def _base(i: Interaction) -> dict[str, Any]:
         "id": i.id,
         "parent_id": i.parent_id,
         "relation": i.relation,
+        "fork_reason": i.fork_reason,
         "api": i.api,
         "finish_reason": i.finish_reason,
         "messages": [message_to_openai(m) for m in i.messages],
@@ -55,6 +60,7 @@ def individual_sample(i: Interaction, reward: float | None) -> dict[str, Any]:
         "logprobs": [0.0] * p + list(i.output_logprobs),
         "versions": [-1] * p + list(i.output_versions),
         "reward": reward,
+        "flags": reply_flags(i) + (["no_reward"] if reward is None else []),
     }
 
 
@@ -72,7 +78,9 @@ def concat_sample(chain: list[Interaction], rewards: dict[str, float | None]) ->
     lps = [0.0] * n
     vers = [-1] * n
     unaligned = 0
+    flags: list[str] = []
     for turn in chain:
+        flags += [f for f in reply_flags(turn) if f not in flags]
         start = len(turn.prompt_ids)
         end = start + len(turn.output_ids)
         if turn is not leaf and (end > n or ids[:start] != turn.prompt_ids or ids[start:end] != turn.output_ids):
@@ -90,6 +98,7 @@ def concat_sample(chain: list[Interaction], rewards: dict[str, float | None]) ->
         "versions": vers,
         "reward": rewards.get(leaf.id),
         "turn_rewards": [rewards.get(t.id) for t in chain],
+        "flags": flags + (["no_reward"] if rewards.get(leaf.id) is None else []) + (["unaligned"] if unaligned else []),
     }
     return sample, unaligned
 

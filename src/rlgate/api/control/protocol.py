@@ -34,3 +34,10 @@ class ExportRequest(BaseModel):
 
 class UpdateWeightsRequest(BaseModel):
     path: str = Field(min_length=1)
+
+
+class CollectRequest(BaseModel):
+    max_sessions: int = Field(default=16, ge=1, le=1000)  # at most this many exports in one answer
+    wait_timeout: float = Field(default=0.0, ge=0.0, le=10.0)  # seconds to wait for the first finished session
+    style: Literal["individual", "concat"] = "individual"
+    discount: float = Field(default=1.0, ge=0.0, le=1.0)

@@ -8,9 +8,11 @@ POST /rl/start_session     admin        new session + its API key
 POST /rl/end_session       session      end the session (idempotent)
 POST /rl/set_reward        session/adm  reward an interaction (default: last one)
 POST /export_trajectories  admin        samples of an ended session
+POST /rl/collect           admin        exports of finished sessions, oldest first
 POST /rl/update_weights    admin        load a checkpoint into the engine
-GET  /rl/metrics           admin        counters
-GET  /health               none         liveness + weight version
+GET  /rl/metrics           admin        counters (JSON)
+GET  /metrics              admin        Prometheus text format (docs/operations.md)
+GET  /health               none         liveness, weight version, degraded guards
 GET  /v1/models, /models   any key      the served model
 =========================  ===========  ==========================================
 """
@@ -21,12 +23,14 @@ import logging
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
 from rlgate.api.auth import is_admin_request, require_admin, session_from_request
 from rlgate.api.common import validation_message
 from rlgate.api.control.protocol import (
+    CollectRequest,
     ExportRequest,
     GrantCapacityRequest,
     SetRewardRequest,
@@ -97,8 +101,17 @@ async def export_trajectories(request: Request, body: ExportRequest) -> dict[str
     require_admin(request)
     return await gw(request).sessions.export(
         body.session_id, style=body.style, discount=body.discount, keep=body.keep,
-        wait_timeout=body.wait_timeout,
+        wait_timeout=body.wait_timeout, current_version=gw(request).engine.version,
     )
+
+@router.post("/rl/collect", tags=["control"])
+async def collect(request: Request, body: CollectRequest) -> dict[str, Any]:
+    """Exports of up to ``max_sessions`` finished (ended or interrupted) sessions, in the order they
+    finished, without naming them (rlgate extension; a long poll with ``wait_timeout``)."""
+    require_admin(request)
+    sessions = await gw(request).sessions.collect(body.max_sessions, wait_timeout=body.wait_timeout,
+                                                  style=body.style, discount=body.discount)
+    return {"sessions": sessions}
 
 @router.post("/rl/update_weights", tags=["control"])
 async def update_weights(request: Request, body: UpdateWeightsRequest) -> dict[str, Any]:
@@ -126,14 +139,30 @@ async def metrics(request: Request) -> dict[str, Any]:
         **({"engine": g.engine.describe()} if hasattr(g.engine, "describe") else {}),  # remote: backends
     }
 
+@router.get("/metrics", tags=["control"], response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}})
+async def prometheus_metrics(request: Request) -> Response:
+    """Every metric and silent-failure guard of this gateway, in Prometheus text format (admin key;
+    ``--metrics-port`` serves the same without a key on a separate bind)."""
+    require_admin(request)
+    return Response(gw(request).metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
 @router.get("/health", tags=["control"])
 async def health(request: Request) -> dict[str, Any]:
+    """``status``: ``ok``, or ``degraded`` with the reasons (``degraded``: a list of ``{guard, reason}``:
+    silent-failure guards that are firing, or no healthy backend). Always HTTP 200 while serving."""
     g = gw(request)
-    body = {"status": "ok", "version": g.engine.version, "uptime_s": round(time.time() - g.started_at, 3)}
+    body: dict[str, Any] = {"status": "ok", "version": g.engine.version,
+                            "uptime_s": round(time.time() - g.started_at, 3)}
+    reasons = g.metrics.degraded()
     if hasattr(g.engine, "describe"):  # remote engines: backend counts only (URLs are in /rl/metrics)
         states = [b["state"] for b in g.engine.describe()["backends"]]
         body["backends"] = {"total": len(states), "healthy": states.count("healthy")}
-        body["status"] = "ok" if "healthy" in states else "degraded"
+        if "healthy" not in states:
+            reasons.insert(0, {"guard": "backends", "reason": f"no healthy backend ({len(states)} configured)"})
+    if reasons:
+        body["status"] = "degraded"
+        body["degraded"] = reasons
     return body
 
 async def list_models(request: Request) -> dict[str, Any]:

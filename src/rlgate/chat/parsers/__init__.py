@@ -15,6 +15,7 @@ from rlgate.chat.parsers.base import (
     register_reasoning_parser,
     register_tool_parser,
     tool_parser_names,
+    unparsed_tool_blocks,
 )
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "register_reasoning_parser",
     "register_tool_parser",
     "tool_parser_names",
+    "unparsed_tool_blocks",
 ]

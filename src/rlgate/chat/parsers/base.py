@@ -16,7 +16,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass
@@ -40,7 +40,19 @@ ReasoningEvent = ContentText | ReasoningText
 
 
 class ToolParser(ABC):
-    """Splits assistant content into text and tool calls, incrementally."""
+    """Splits assistant content into text and tool calls, incrementally.
+
+    ``markers``: strings that open a call in this format. A block the parser cannot parse
+    stays in the reply text, so :meth:`unparsed_blocks` counting them in the final text
+    counts the failures (the silent-failure guards in :mod:`rlgate.metrics` use it).
+    """
+
+    markers: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def unparsed_blocks(cls, text: str) -> int:
+        """Calls in this format left unparsed in ``text`` (the visible reply)."""
+        return sum(text.count(m) for m in cls.markers)
 
     @abstractmethod
     def feed(self, text: str) -> list[ToolEvent]: ...
@@ -94,6 +106,16 @@ def get_tool_parser(name: str) -> ToolParser:
         return _TOOL_PARSERS[name]()
     except KeyError:
         raise ValueError(f"unknown tool parser {name!r}; known: {tool_parser_names()}") from None
+
+
+def unparsed_tool_blocks(text: str, parser: str | None = None) -> int:
+    """Tool-call blocks left as text in ``text``: in ``parser``'s format, or (None) in the
+    format of any registered parser (the most any one of them finds)."""
+    if not text:
+        return 0
+    if parser is not None:
+        return _TOOL_PARSERS[parser].unparsed_blocks(text)
+    return max((cls.unparsed_blocks(text) for cls in set(_TOOL_PARSERS.values())), default=0)
 
 
 def get_reasoning_parser(name: str) -> ReasoningParser:

@@ -22,6 +22,8 @@ START, END = "<tool_call>", "</tool_call>"
 
 @register_tool_parser("hermes", "qwen", "qwen25")
 class HermesToolParser(ToolParser):
+    markers = (START,)
+
     def __init__(self) -> None:
         self._buf = ""
         self._in_call = False

@@ -25,6 +25,17 @@ PYTHON_TAG = "<|python_tag|>"
 
 @register_tool_parser("llama3_json", "llama3")
 class Llama3JsonToolParser(ToolParser):
+    markers = (PYTHON_TAG,)
+
+    @classmethod
+    def unparsed_blocks(cls, text: str) -> int:
+        """A reply left as text that still looks like a call: the python tag, or a JSON object
+        naming a function."""
+        head = text.lstrip()
+        if head.startswith(PYTHON_TAG) or PYTHON_TAG in text:
+            return text.count(PYTHON_TAG)
+        return int(head.startswith("{") and '"name"' in head)
+
     def __init__(self) -> None:
         self._buf = ""
         self._mode: str | None = None  # None: undecided, "json": buffering, "text": passthrough

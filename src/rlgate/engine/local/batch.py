@@ -8,6 +8,7 @@ The event loop and the worker thread share these objects: the worker sends each
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,6 +33,7 @@ class RequestState:
     num_generated: int = 0
     finished: bool = False  # set by the worker once the final delta is sent
     aborted: bool = False  # set by the consumer (stream closed early)
+    queued_at: float = field(default_factory=time.perf_counter)  # when it joined the queue (metrics)
 
     @property
     def done(self) -> bool:

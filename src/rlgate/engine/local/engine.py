@@ -32,6 +32,7 @@ import logging
 import os
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -119,6 +120,11 @@ class LocalEngine(StreamingEngineMixin):
         self._thread: threading.Thread | None = None
         # Worker-thread state.
         self._batch: Batch | None = None
+        self._decode_steps = 0  # batched decoding steps run
+        self._decode_rows = 0  # rows decoded, summed over steps (/ steps = mean batch size)
+        # Called (worker thread) with the seconds a request waited for a batch row; the gateway
+        # wires its queue-time histogram here. Must be cheap and thread-safe.
+        self.on_queue_wait: Callable[[float], None] | None = None
 
     # -- properties ------------------------------------------------------------------------
 
@@ -143,6 +149,14 @@ class LocalEngine(StreamingEngineMixin):
         """Requests waiting or holding a batch row (finished and aborted ones leave at the next step)."""
         batch = self._batch
         return len(self._pending) + (len(batch) if batch is not None else 0)
+
+    def stats(self) -> dict[str, int]:
+        """Batch occupancy for metrics: running rows, waiting requests, capacity, decode counters
+        (read without the lock: each value is a consistent int)."""
+        batch = self._batch
+        return {"running": len(batch) if batch is not None else 0, "waiting": len(self._pending),
+                "max_batch_size": self._max_batch_size, "decode_steps": self._decode_steps,
+                "decode_rows": self._decode_rows}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -241,6 +255,10 @@ class LocalEngine(StreamingEngineMixin):
         self._version += 1
         return self._version
 
+    def restore_version(self, version: int) -> None:
+        """Declare the weights loaded now to be ``version`` (a replica catching up after a restart)."""
+        self._version = version
+
     async def _run_command(self, fn: Callable[[], int]) -> int:
         await self.start()
         loop = asyncio.get_running_loop()
@@ -291,6 +309,10 @@ class LocalEngine(StreamingEngineMixin):
                 break
             admitted.append(self._pending.popleft())
             longest = longest_if_added
+        if admitted and self.on_queue_wait is not None:
+            now = time.perf_counter()
+            for req in admitted:
+                self.on_queue_wait(now - req.queued_at)
         return admitted
 
     def _run(self, command: Command) -> None:
@@ -317,6 +339,8 @@ class LocalEngine(StreamingEngineMixin):
                     self._batch.extend(fresh)
                 self._drop_done()
             if self._batch is not None:
+                self._decode_steps += 1
+                self._decode_rows += len(self._batch)
                 self._emit(self._batch, self._decode(self._batch))
                 self._drop_done()
 

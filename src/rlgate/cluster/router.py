@@ -1,0 +1,423 @@
+"""The router: one ASGI app in front of N gateway replicas, speaking exactly their HTTP API.
+
+Stateless: which replica serves a request is read from the request itself (see
+``cluster/keys.py``), so any number of routers can run side by side:
+
+==============================  =========================================================
+request                         goes to
+==============================  =========================================================
+session key (generation,        the replica the key names (HMAC-checked here: a forged or
+``end_session``, ``set_reward``) malformed ``rk1.`` key is a 401 without touching a replica);
+                                a key the client chose: rendezvous hash of the key
+``POST /rl/start_session``      the less loaded of two random healthy replicas (power of
+                                two choices); a client-chosen ``api_key``: its hashed replica
+admin + ``session_id`` in body  the replica named by the id (``r<k>.`` prefix):
+(``/export_trajectories``,      ``/export_trajectories``, ``/rl/set_reward``
+``/rl/set_reward``)
+``POST /grant_capacity``        split across the healthy replicas
+``POST /rl/update_weights``     the weight-update controller (a barrier across replicas)
+``GET /rl/metrics``             every replica, summed (+ per replica)
+``GET /health``                 answered here: the replicas (node, pid, state, load)
+anything else                   any healthy replica
+==============================  =========================================================
+
+Bodies are forwarded as bytes and responses streamed back as they arrive (SSE included,
+unparsed). If the replica cannot be reached the client gets a **503** in its API's error
+shape with code ``replica_unavailable``; if the replica dies in the middle of a stream, an
+error event in the stream's format ends it.
+
+Data plane: plain HTTP/1.1 from the router to each replica's own port, over a pool of
+keep-alive connections (``aiohttp``: C-accelerated parsing, so a forwarded request costs
+the router little). Ray only places and restarts the replicas and carries control calls
+(info, weight updates); see docs/architecture.md for why and for the measurements.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from rlgate.cluster.directory import ReplicaInfo, ReplicaTable
+from rlgate.cluster.keys import (
+    derive_routing_secret,
+    hashed_replica,
+    is_minted,
+    key_replica,
+    session_id_replica,
+)
+from rlgate.cluster.upstream import Upstream, UpstreamUnavailable
+from rlgate.errors import (
+    AuthenticationFailed,
+    GatewayError,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    PermissionDenied,
+    Unavailable,
+    error_body,
+    surface_of,
+)
+
+log = logging.getLogger("rlgate.cluster.router")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+WeightUpdater = Callable[[str], Awaitable[int]]
+
+_HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
+               b"proxy-authorization", b"proxy-connection", b"content-length", b"host"}
+_ADMIN_SESSION_ROUTES = {"/export_trajectories", "/rl/set_reward"}
+_ADMIN_ONLY = {"/rl/start_session", "/grant_capacity", "/export_trajectories", "/rl/update_weights", "/rl/metrics",
+               "/rl/collect"}
+
+
+def _token(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """``Authorization: Bearer`` (scheme case-insensitive) or ``x-api-key``, as the gateway reads them."""
+    auth = key = None
+    for name, value in headers:
+        if name == b"authorization":
+            auth = value
+        elif name == b"x-api-key":
+            key = value
+    if auth:
+        scheme, _, tok = auth.decode("latin-1").strip().partition(" ")
+        if scheme.lower() == "bearer" and tok.strip():
+            return tok.strip()
+    if key and key.strip():
+        return key.decode("latin-1").strip()
+    return None
+
+
+class Router:
+    def __init__(
+        self,
+        table: ReplicaTable,
+        *,
+        admin_key: str,
+        routing_secret: bytes | None = None,
+        update_weights: WeightUpdater | None = None,
+        max_body_bytes: int = 32 * 1024 * 1024,
+        upstream: Upstream | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.table = table
+        self._admin_digest = hashlib.sha256(admin_key.encode()).digest()
+        self._secret = routing_secret or derive_routing_secret(admin_key)
+        self._update_weights = update_weights
+        self.max_body_bytes = max_body_bytes
+        self.upstream = upstream or Upstream()
+        self._rng = rng or random.Random()
+        self.forwarded = 0
+
+    # ------------------------------------------------------------------ ASGI
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        try:
+            await self._dispatch(scope, receive, send, path)
+        except GatewayError as exc:
+            await _send_json(send, exc.status, error_body(exc, surface_of(path)))
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    await self.upstream.start()
+                    await self.table.start()
+                except Exception as exc:  # noqa: BLE001 - reported to the server, which exits
+                    await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await self.table.stop()
+                await self.upstream.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def is_admin(self, token: str | None) -> bool:
+        return token is not None and hmac.compare_digest(hashlib.sha256(token.encode()).digest(),
+                                                         self._admin_digest)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        method: str = scope["method"]
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        if path == "/health" and method == "GET":
+            await _send_json(send, 200, self.health())
+            return
+        token = _token(headers)
+        admin = self.is_admin(token)
+        if path in _ADMIN_ONLY:  # as a gateway answers: 401 without a key, 403 with another one
+            self._require_admin(admin, token)
+        if path == "/rl/update_weights" and method == "POST" and self._update_weights is not None:
+            await self._update(admin, token, await self._body(receive, path), send)
+            return
+        if path == "/rl/metrics" and method == "GET":
+            self._require_admin(admin, token)
+            await _send_json(send, 200, await self._metrics(headers))
+            return
+        if path == "/grant_capacity" and method == "POST":
+            self._require_admin(admin, token)
+            await self._grant(headers, await self._body(receive, path), send)
+            return
+        body = await self._body(receive, path)
+        if path == "/rl/start_session" and method == "POST" and admin:
+            await self._start_session(scope, headers, body, send)
+            return
+        if admin and path in _ADMIN_SESSION_ROUTES and method == "POST":
+            replica = self._replica_of_session(_json_field(body, "session_id"), path)
+        elif token is not None and not admin:
+            replica = self._replica_of_key(token)
+        else:  # admin routes that name no session, unauthenticated requests (the replica answers 401)
+            replica = self._any_healthy()
+        await self._forward(replica, scope, headers, body, send)
+
+    # ------------------------------------------------------------------ choosing a replica
+
+    def _replica_of_key(self, token: str) -> ReplicaInfo:
+        if is_minted(token):
+            index = key_replica(self._secret, token)
+            if index is None or index >= len(self.table.replicas):
+                raise AuthenticationFailed("invalid API key: not a session key of this gateway")
+        else:
+            index = hashed_replica(token, len(self.table.replicas))
+        return self.table.replicas[index]
+
+    def _replica_of_session(self, session_id: Any, path: str) -> ReplicaInfo:
+        if session_id is None:  # the replica explains what is missing
+            return self._any_healthy()
+        index = session_id_replica(session_id) if isinstance(session_id, str) else None
+        if index is None or index >= len(self.table.replicas):
+            raise NotFound(f"session {session_id!r} not found (not a session id of this cluster)")
+        return self.table.replicas[index]
+
+    def healthy(self) -> list[ReplicaInfo]:
+        return [r for r in self.table.replicas if r.state == "healthy" and r.url]
+
+    def _any_healthy(self) -> ReplicaInfo:
+        ok = self.healthy() or [r for r in self.table.replicas if r.state == "paused" and r.url]
+        if not ok:
+            raise Unavailable("no gateway replica is available right now", code="no_replica")
+        return self._rng.choice(ok)
+
+    def _two_choices(self) -> list[ReplicaInfo]:
+        """Healthy replicas, the better of two random ones first, then the rest by load."""
+        ok = self.healthy()
+        if not ok:
+            paused = [r for r in self.table.replicas if r.state == "paused" and r.url]
+            if not paused:
+                raise Unavailable("no gateway replica is available for a new session", code="no_replica")
+            ok = paused
+
+        def load(r: ReplicaInfo) -> int:
+            return r.load + r.started_since_refresh
+
+        pair = self._rng.sample(ok, min(2, len(ok)))
+        first = min(pair, key=load)
+        return [first] + sorted((r for r in ok if r is not first), key=load)
+
+    # ------------------------------------------------------------------ special routes
+
+    def _require_admin(self, admin: bool, token: str | None) -> None:
+        if token is None:
+            raise AuthenticationFailed("missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                                       code="missing_api_key")
+        if not admin:
+            raise PermissionDenied("this route needs the admin key")
+
+    async def _start_session(self, scope: Scope, headers: list[tuple[bytes, bytes]], body: bytes,
+                             send: Send) -> None:
+        chosen_key = _json_field(body, "api_key")
+        if isinstance(chosen_key, str) and chosen_key:
+            if is_minted(chosen_key):
+                raise InvalidRequest("api_key must not start with 'rk1.' (reserved for keys the gateway makes)",
+                                     param="api_key")
+            await self._forward(self._replica_of_key(chosen_key), scope, headers, body, send)
+            return
+        candidates = self._two_choices()
+        for i, r in enumerate(candidates):
+            last = i == len(candidates) - 1
+            try:
+                status, resp_headers, data = await self.upstream.call(r.url or "", "POST", "/rl/start_session",
+                                                                      headers, body)
+            except UpstreamUnavailable as exc:
+                self.table.mark_down(r, str(exc))
+                if last:
+                    raise Unavailable("no gateway replica could start the session", code="no_replica") from exc
+                continue
+            # no capacity / shutting down there: another replica may have some
+            if status in (429, 503) and not last and _error_code(data) in ("no_capacity", "shutting_down",
+                                                                             "too_many_sessions"):
+                continue
+            if status == 200:
+                r.started_since_refresh += 1
+            await _send_raw(send, status, resp_headers, data)
+            return
+
+    async def _grant(self, headers: list[tuple[bytes, bytes]], body: bytes, send: Send) -> None:
+        count = 1
+        if body.strip():
+            raw = _json_field(body, "count")
+            if not isinstance(raw, int) or isinstance(raw, bool) or not 1 <= raw <= 1_000_000:
+                raise InvalidRequest("count: must be an integer in [1, 1000000]", param="count", status=422)
+            count = raw
+        targets = self.healthy() or self.table.replicas
+        share, extra = divmod(count, len(targets))
+        # the least loaded replicas get the remainder
+        order = sorted(targets, key=lambda r: r.load + r.started_since_refresh)
+        total = 0
+        for i, r in enumerate(order):
+            n = share + (1 if i < extra else 0)
+            if n == 0:
+                continue
+            try:
+                status, _, data = await self.upstream.call(r.url or "", "POST", "/grant_capacity", headers,
+                                                           json.dumps({"count": n}).encode())
+            except UpstreamUnavailable as exc:
+                raise Unavailable(f"replica {r.index} is unavailable: capacity not granted", code="replica_unavailable"
+                                  ) from exc
+            if status != 200:
+                raise GatewayError(f"replica {r.index} refused the capacity grant: {data[:200]!r}", status=status)
+            total += int(json.loads(data)["capacity"])
+        await _send_json(send, 200, {"capacity": total})
+
+    async def _metrics(self, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+        per: list[dict[str, Any]] = []
+        summed: dict[str, int] = {}
+        for r in self.table.replicas:
+            entry = {**r.describe(), "url": r.url}  # admin only: where the replica listens
+            if r.url and r.state != "down":
+                try:
+                    status, _, data = await self.upstream.call(r.url, "GET", "/rl/metrics", headers, b"")
+                    if status == 200:
+                        m = json.loads(data)
+                        entry["metrics"] = m
+                        for k, v in m.items():
+                            if isinstance(v, int) and not isinstance(v, bool) and k != "engine_version":
+                                summed[k] = summed.get(k, 0) + v
+                except UpstreamUnavailable as exc:
+                    entry["error"] = str(exc)
+            per.append(entry)
+        versions = {r.version for r in self.table.replicas if r.state != "down"}
+        return {**summed, "engine_version": max(versions) if versions else 0, "replicas": per,
+                "router": {"forwarded": self.forwarded}}
+
+    async def _update(self, admin: bool, token: str | None, body: bytes, send: Send) -> None:
+        self._require_admin(admin, token)
+        assert self._update_weights is not None
+        path = _json_field(body, "path")
+        if not isinstance(path, str) or not path:
+            raise InvalidRequest("path: a checkpoint directory is required", param="path", status=422)
+        version = await self._update_weights(path)
+        await _send_json(send, 200, {"message": "success", "version": version})
+
+    def health(self) -> dict[str, Any]:
+        replicas = [r.describe() for r in self.table.replicas]
+        healthy = sum(1 for r in self.table.replicas if r.state in ("healthy", "paused"))
+        versions = [r.version for r in self.table.replicas if r.state != "down"]
+        status = "ok" if healthy == len(replicas) else ("degraded" if healthy else "down")
+        return {"status": status, "version": max(versions) if versions else 0,
+                "replicas": replicas, "healthy": healthy, "total": len(replicas)}
+
+    # ------------------------------------------------------------------ forwarding
+
+    async def _body(self, receive: Receive, path: str) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return b""
+            part = msg.get("body", b"")
+            size += len(part)
+            if size > self.max_body_bytes:
+                raise PayloadTooLarge(f"request body is larger than {self.max_body_bytes} bytes")
+            chunks.append(part)
+            if not msg.get("more_body"):
+                return b"".join(chunks)
+
+    async def _forward(self, r: ReplicaInfo, scope: Scope, headers: list[tuple[bytes, bytes]], body: bytes,
+                       send: Send) -> None:
+        path = scope["path"]
+        if r.state == "down" or not r.url:
+            raise Unavailable(
+                f"gateway replica {r.index}, which holds this session, is unavailable ({r.reason or 'down'}); "
+                "sessions that were live on it are lost, new sessions go to the other replicas",
+                code="replica_unavailable")
+        target = scope.get("raw_path") or path.encode()
+        if scope.get("query_string"):
+            target = target + b"?" + scope["query_string"]
+        self.forwarded += 1
+        try:
+            resp = await self.upstream.open(r.url, scope["method"], target.decode("latin-1"), headers, body)
+        except UpstreamUnavailable as exc:
+            self.table.mark_down(r, str(exc))
+            raise Unavailable(
+                f"gateway replica {r.index}, which holds this session, is unavailable ({exc}); sessions that were "
+                "live on it are lost, new sessions go to the other replicas", code="replica_unavailable") from exc
+        started = False
+        try:
+            await send({"type": "http.response.start", "status": resp.status,
+                        "headers": [(k, v) for k, v in resp.headers if k not in _HOP_BY_HOP]})
+            started = True
+            async for chunk in resp.chunks():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UpstreamUnavailable as exc:
+            # the replica went away mid-response: end the stream with an error in its format
+            self.table.mark_down(r, str(exc))
+            if started and resp.is_sse:
+                err = Unavailable(f"gateway replica {r.index} went away during the response ({exc})",
+                                  code="replica_unavailable")
+                await send({"type": "http.response.body", "body": _sse_error(err, path), "more_body": True})
+        finally:
+            resp.release()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _sse_error(exc: GatewayError, path: str) -> bytes:
+    surface = surface_of(path)
+    if surface == "anthropic":
+        return b"event: error\ndata: " + json.dumps(error_body(exc, "anthropic")).encode() + b"\n\n"
+    if path.endswith("/responses"):
+        ev = {"type": "error", "sequence_number": 0, "code": exc.code, "message": exc.message, "param": None}
+        return b"event: error\ndata: " + json.dumps(ev).encode() + b"\n\n"
+    return b"data: " + json.dumps(error_body(exc, "openai")).encode() + b"\n\n"
+
+
+def _json_field(body: bytes, name: str) -> Any:
+    try:
+        obj = json.loads(body) if body.strip() else None
+    except ValueError:
+        return None  # the replica answers the malformed body in its own words
+    return obj.get(name) if isinstance(obj, dict) else None
+
+
+def _error_code(data: bytes) -> str | None:
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return None
+    err = obj.get("error") if isinstance(obj, dict) else None
+    return err.get("code") if isinstance(err, dict) else None
+
+
+async def _send_json(send: Send, status: int, obj: Any) -> None:
+    await _send_raw(send, status, [(b"content-type", b"application/json")], json.dumps(obj).encode())
+
+
+async def _send_raw(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    headers = [(k, v) for k, v in headers if k not in _HOP_BY_HOP]
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
