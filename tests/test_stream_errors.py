@@ -14,7 +14,7 @@ import json
 import pytest
 
 from helpers import ADMIN_KEY, key_headers, start_session
-from rlgate.chat.output import OutputAssembler
+from rlgate.chat.output import IncrementalDetokenizer
 from rlgate.engine.fake import FakeEngine
 from rlgate.server.runner import ServerThread
 
@@ -42,7 +42,7 @@ class BrokenEngine(FakeEngine):
 def fault(request, monkeypatch, tokenizer):
     """Returns the engine to serve with; "parser" breaks rlgate's own output parsing instead."""
     if request.param == "parser":
-        push = OutputAssembler.push
+        push = IncrementalDetokenizer.push
         calls = {"n": 0}
 
         def broken_push(self, token_id):
@@ -51,7 +51,7 @@ def fault(request, monkeypatch, tokenizer):
                 raise ValueError(SECRET)
             return push(self, token_id)
 
-        monkeypatch.setattr(OutputAssembler, "push", broken_push)
+        monkeypatch.setattr(IncrementalDetokenizer, "push", broken_push)
         return FakeEngine(tokenizer, script=lambda r: "a reply long enough to stream in several pieces")
     return BrokenEngine(tokenizer, script=lambda r: "a reply long enough to stream in several pieces")
 
