@@ -11,8 +11,11 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
 export TOKENIZERS_PARALLELISM := false
+# The agent CLIs (tests/test_cli_agents.py, docs/agents.md) live in an npm cache, not in the repo.
+export RLGATE_NPM_CACHE ?= $(HOME)/.cache/rlgate-npm
+AGENT_CLIS := @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0
 
-.PHONY: demo test test-fast lint fuzz bench install browser clean
+.PHONY: demo test test-fast lint fuzz bench install browser agent-clis clean
 
 # torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build here
 $(TORCH):
@@ -48,7 +51,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint browser
+# npm comes with Debian's nodejs; without npm or a reachable registry the CLI tests are skipped.
+agent-clis:
+	@command -v npm >/dev/null || (command -v apt-get >/dev/null && apt-get update -qq && \
+		apt-get install -y -qq nodejs npm >/dev/null) || true
+	@npm install --no-audit --no-fund --prefix "$(RLGATE_NPM_CACHE)" $(AGENT_CLIS) >/dev/null 2>&1 \
+		|| echo "agent CLIs not installed (npm missing or registry unreachable): their tests will be skipped"
+
+test: lint browser agent-clis
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

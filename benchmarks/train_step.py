@@ -39,7 +39,8 @@ async def collect(model_dir: Path, workdir: Path, steps: int, groups: int, group
     from transformers import AutoModelForCausalLM
 
     from rlgate.client import GatewayClient
-    from rlgate.demo.rl import _agent_factory, _start_gateway
+    from rlgate.demo.agents import EitherSDKMathAgent
+    from rlgate.demo.rl import _start_gateway
     from rlgate.demo.tasks import TASKS
     from rlgate.rollout.runner import RolloutRunner
     from rlgate.train.grpo import GRPOConfig, GRPOTrainer, LoopState, grpo_loop
@@ -49,7 +50,7 @@ async def collect(model_dir: Path, workdir: Path, steps: int, groups: int, group
     proc, url = _start_gateway(model_dir, admin_key, workdir / "gateway.log")
     try:
         client = GatewayClient(url, admin_key)
-        runner = RolloutRunner(client, _agent_factory("math", 8), group_size=group_size,
+        runner = RolloutRunner(client, EitherSDKMathAgent(model="tiny-policy", max_tokens=8), group_size=group_size,
                                concurrency=groups * group_size, episode_timeout=60)
         split = TASKS["math"](seed=0)
         rng = random.Random(seed)
@@ -63,16 +64,15 @@ async def collect(model_dir: Path, workdir: Path, steps: int, groups: int, group
         trainer = GRPOTrainer(AutoModelForCausalLM.from_pretrained(model_dir),
                               GRPOConfig(lr=1e-4, groups_per_step=groups, micro_batch_size=32, device="cpu"))
         last: dict = {}
-        step = trainer.step
 
-        def keep_last(samples, group_ids, version):
-            last.update(samples=samples, group_ids=group_ids, version=version)
-            return step(samples, group_ids, version)
+        def keep_last(state, result):  # the batch of the last step, and the version it was trained at
+            last.update(samples=result.samples, group_ids=[s.group_id for s in result.samples],
+                        version=int(result.metrics["version"]) - 1)
 
-        trainer.step = keep_last  # type: ignore[method-assign]
         health = await client.health()
         state = await grpo_loop(trainer=trainer, runner=runner, sync=RemoteSync(client, workdir / "sync", keep=1),
-                                prompts=prompts(), steps=steps, state=LoopState(version=health["version"]))
+                                prompts=prompts(), steps=steps, state=LoopState(version=health["version"]),
+                                on_step=keep_last)
         await runner.aclose()
         await client.aclose()
         return state.history, last

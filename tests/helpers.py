@@ -64,3 +64,34 @@ async def eventually(condition: Callable[[], Any], *, timeout: float = 600.0, in
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} did not become true within {timeout:.0f} s")
         await asyncio.sleep(interval)
+
+
+def brief_tiny_model(src, dst, eos_probability: float = 0.3):
+    """A copy of the tiny model that ends its replies early: the EOS row of the output layer is
+    shifted along the mean direction of the model's own final hidden states (measured on random
+    prompts) until EOS takes about ``eos_probability`` of the next-token mass on average. For
+    black-box clients that treat a reply cut at max_tokens as an error (Claude Code does)."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(src, dst)
+    model = AutoModelForCausalLM.from_pretrained(dst).eval()
+    eos = json.loads((dst / "generation_config.json").read_text())["eos_token_id"]
+    eos = eos[0] if isinstance(eos, list) else eos
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (8, 64), generator=gen)
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids).last_hidden_state.reshape(-1, model.config.hidden_size)
+        direction = hidden.mean(0) / hidden.mean(0).norm()
+        row = model.lm_head.weight[eos].clone()
+        lo, hi = 0.0, 1000.0
+        for _ in range(40):  # bisection on the shift
+            mid = (lo + hi) / 2
+            model.lm_head.weight[eos] = row + mid * direction
+            p = torch.softmax(model.lm_head(hidden), -1)[:, eos].mean().item()
+            lo, hi = (mid, hi) if p < eos_probability else (lo, mid)
+    model.save_pretrained(dst)
+    return dst

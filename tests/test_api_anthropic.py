@@ -4,6 +4,7 @@ stop reasons, errors, count_tokens and the SSE event stream."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -261,7 +262,19 @@ BAD_REQUESTS = [
     ("zero max_tokens", dict(json=body(max_tokens=0)), 400, "max_tokens"),
     ("empty messages", dict(json=body([])), 400, "at least one message"),
     ("missing messages", dict(json={"max_tokens": 5}), 400, "messages"),
-    ("wrong role", dict(json=body([{"role": "system", "content": "x"}])), 400, "role"),
+    ("wrong role", dict(json=body([{"role": "tool", "content": "x"}])), 400, "role"),
+    ("system message first", dict(json=body([{"role": "system", "content": "x"}])), 400, "cannot be the first"),
+    ("system message after assistant", dict(json=body([
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "system", "content": "c"}])),
+     400, "right after a user message"),
+    ("system message before user", dict(json=body([
+        {"role": "user", "content": "a"}, {"role": "system", "content": "b"}, {"role": "user", "content": "c"}])),
+     400, "followed by an assistant message"),
+    ("two system messages", dict(json=body([
+        {"role": "user", "content": "a"}, {"role": "system", "content": "b"}, {"role": "system", "content": "c"}])),
+     400, "followed by an assistant message"),
+    ("system message with an image", dict(json=body([{"role": "user", "content": "a"}, {"role": "system", "content": [
+        {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1/x.png"}}]}])), 400, "only contain text"),
     ("content wrong type", dict(json=body([{"role": "user", "content": 5}])), 400, "string or a list"),
     ("unknown block type", dict(json=body([{"role": "user", "content": [
         {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}])),
@@ -305,7 +318,7 @@ BAD_REQUESTS = [
     ("system block not text", dict(json=body(system=[{"type": "image", "source": {
         "type": "url", "url": "https://x.invalid/a.png"}}])), 400, "'image'"),
     ("prompt longer than context", dict(json=body([{"role": "user", "content": "word " * 3000}])), 400,
-     "context"),
+     "prompt is too long: "),
 ]
 
 
@@ -523,11 +536,11 @@ async def test_sampling_parameters_and_extensions_reach_the_engine(make_app, asg
         await c.post("/v1/messages", headers=hdr(key), json=body())
         s = engine.requests[-1].sampling
         assert (s.temperature, s.top_p, s.top_k, s.seed, s.max_new_tokens) == (1.0, 1.0, 0, None, 64)
-        # store=false: served, not recorded
+        # store=false is no rlgate parameter on this API: reported, and the call is recorded anyway
         r = await c.post("/v1/messages", headers=hdr(key), json=body(store=False))
-        assert r.status_code == 200
+        assert r.status_code == 200 and r.headers["x-rlgate-ignored-params"] == "store"
         exp = await _end_and_export(c, sid, key)
-    assert len(exp["interactions"]) == 2
+    assert len(exp["interactions"]) == 3
 
 
 async def test_assistant_prefill_and_consecutive_user_messages(make_app, asgi_client, tokenizer):
@@ -557,3 +570,23 @@ async def test_text_after_a_tool_call_is_a_further_block_in_both_forms(make_app,
     assert [{k: v for k, v in b.items() if k != "id"} for b in streamed["content"]] == [
         {k: v for k, v in b.items() if k != "id"} for b in plain["content"]]
     assert plain["stop_reason"] == streamed["stop_reason"] == "tool_use"
+
+
+# The pattern Claude Code 2.1.x matches to read an over-long prompt's size (then it compacts).
+CLAUDE_CODE_PROMPT_TOO_LONG = re.compile(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_prompt_too_long_is_worded_as_anthropic_words_it(make_app, asgi_client, tokenizer, stream):
+    engine = FakeEngine(tokenizer)
+    messages = [{"role": "user", "content": "word " * 3000}]
+    async with asgi_client(make_app(engine)) as c:
+        _, key = await start_session(c)
+        counted = (await c.post("/v1/messages/count_tokens", headers=hdr(key),
+                                json={"messages": messages})).json()["input_tokens"]
+        r = await c.post("/v1/messages", headers=hdr(key), json=body(messages, stream=stream))
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    m = CLAUDE_CODE_PROMPT_TOO_LONG.search(r.json()["error"]["message"])
+    assert m is not None, r.json()
+    assert (int(m.group(1)), int(m.group(2))) == (counted, engine.max_context_length)
+    assert engine.requests == []

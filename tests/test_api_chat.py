@@ -206,15 +206,19 @@ async def test_tools_are_rendered_into_the_prompt(make_app, asgi_client, tokeniz
     assert '"name": "lookup"' in tokenizer.decode(expected)
 
 
-async def test_store_false_records_nothing(make_app, asgi_client):
+async def test_store_false_is_recorded_all_the_same(make_app, asgi_client):
+    """Capture does not depend on the client's store flag: every call made with a session key
+    is training data."""
     async with asgi_client(make_app()) as c:
         sid, key = await start_session(c)
         r = await c.post("/v1/chat/completions", headers=key_headers(key), json={"messages": USER, "store": False})
         assert r.status_code == 200
+        completion_id = r.json()["id"]
         r = await c.post("/rl/set_reward", json={"reward": 1}, headers=key_headers(key))
-        assert r.status_code == 400
+        assert r.status_code == 200 and r.json()["interaction_id"] == completion_id
         await c.post("/rl/end_session", headers=key_headers(key))
-        assert (await _export(c, sid)).json()["interactions"] == []
+        exp = (await _export(c, sid)).json()
+    assert [(i["id"], i["reward"]) for i in exp["interactions"]] == [(completion_id, 1)]
 
 
 async def test_session_lifecycle(make_app, asgi_client):

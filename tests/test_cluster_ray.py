@@ -294,7 +294,7 @@ async def test_rollout_on_ray_with_the_collector(cluster, picklable_here, tmp_pa
             groups = [g async for g in runner.groups((f"g{i}", {"question": f"q{i}"}) for i in range(3))]
             episodes = [e for g in groups for e in g.episodes]
             assert [e.error for e in episodes] == [None] * 9 and all(e.ok for e in episodes)
-            assert all(len(e.samples) == 2 and e.samples[-1]["reward"] == 1.0 for e in episodes)
+            assert all(len(e.samples) == 2 and e.samples[-1].reward == 1.0 for e in episodes)
             assert collector.queue.qsize() == 0  # every export went to the episode that waited for it
 
             # a hung agent: its Ray worker is killed at the timeout

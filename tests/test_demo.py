@@ -95,3 +95,28 @@ def _user(text):
     from rlgate.chat.conversation import Message
 
     return Message.of("user", text)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_the_demo_end_to_end_with_tiny_settings(tmp_path):
+    """The demo's wiring (a TrainConfig + hooks through run_training, gateway subprocess, outputs),
+    with settings small enough to run in a test."""
+    from rlgate.demo.rl import run_demo
+
+    small = {"warm_start_steps": 2, "warm_start_target": None, "warm_start_batch": 8, "group_size": 2,
+             "groups_per_step": 2, "eval_every": 1, "eval_items": 4, "eval_samples": 1, "final_eval_samples": 1,
+             "concurrency": 8}
+    assert run_demo(tmp_path, steps=2, overrides=small) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 2 and len(summary["history"]) == 2 and summary["final_version"] == 2
+    assert [s for s, _ in summary["evals"]] == [0, 1, 2]
+    assert 0.0 <= summary["accuracy_before"] <= 1.0 and 0.0 <= summary["accuracy_after"] <= 1.0
+    assert summary["samples"] > 0 and summary["failed_episodes"] == 0
+    for name in ("reward_curve.png", "trajectories.parquet", "final/model.safetensors", "final/tokenizer.json",
+                 "config.yaml", "metrics.jsonl"):
+        assert (tmp_path / name).is_file(), name
+    from rlgate.trajectory.export import read_samples
+
+    samples = read_samples(tmp_path / "trajectories.parquet")
+    assert {s.step for s in samples} == {1, 2} and all(s.group_id for s in samples)

@@ -110,9 +110,9 @@ async def test_sdk_previous_response_id(make_app, tokenizer):
 
 async def test_sdk_bad_requests(make_app):
     async with gateway(make_app()) as (admin, sid, key, oai):
-        with pytest.raises(openai.BadRequestError) as info:
-            await oai.responses.create(model="tiny", input="hi", tools=[{"type": "web_search"}])
-        assert "web_search" in info.value.message
+        # a hosted tool is not refused: dropped (the model cannot call it) and named in a header
+        raw = await oai.responses.with_raw_response.create(model="tiny", input="hi", tools=[{"type": "web_search"}])
+        assert raw.headers["x-rlgate-ignored-params"] == "tools:web_search"
         with pytest.raises(openai.BadRequestError):
             await oai.responses.create(model="tiny", input=[{"type": "function_call_output", "call_id": "x",
                                                              "output": "1"}], stream=True)

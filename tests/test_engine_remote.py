@@ -219,6 +219,28 @@ async def test_reset_mid_stream_is_502_if_backend_alive_else_503():
     assert engine.backends[0].state == "down"
 
 
+async def test_a_connection_closed_before_any_response_is_retried_once():
+    """The keep-alive race: the backend closes an idle pooled connection just as a request is
+    written to it. Nothing reached the backend, so the request is sent once more; a second such
+    failure is the backend's problem (502)."""
+    calls = {"n": 0, "fail": 1}
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        if calls["n"] <= calls["fail"]:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return stream_response(sse(*CUMULATIVE))
+
+    engine = sglang(flaky)
+    result = await collect(engine.stream(req()))
+    assert result.output_ids == [11, 12, STOP] and calls["n"] == 2
+
+    calls.update(n=0, fail=2)
+    with pytest.raises(EngineError) as err:
+        await collect(engine.stream(req()))
+    assert err.value.status == 502 and "broke the stream after 0 tokens" in err.value.message and calls["n"] == 2
+
+
 async def test_unreachable_backend_is_503_and_timeout_is_504():
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused")

@@ -214,6 +214,29 @@ async def test_forks_and_branches_export_separately(make_app, asgi_client, token
                       r4["id"]: [r4["id"]], r5["id"]: [r5["id"]]}
 
 
+async def test_reward_crosses_a_fork_within_the_conversation(make_app, asgi_client, tokenizer):
+    """Turn 2 changes the tools (a fork: new token root); lineage by messages keeps it in turn 1's
+    conversation, so its reward reaches turn 1, and the sample says why it forked."""
+    engine = FakeEngine(tokenizer, script=["A1", "A2", "T"])
+    async with asgi_client(make_app(engine)) as c:
+        sid, key = await start_session(c)
+        messages = [{"role": "user", "content": "hello"}]
+        r1 = await chat(c, key, messages)
+        messages += [r1["choices"][0]["message"], {"role": "user", "content": "add 1 and 2"}]
+        r2 = await chat(c, key, messages, tools=TOOLS)
+        r3 = await chat(c, key, [{"role": "user", "content": "Write a title."}])  # side request
+        await c.post("/rl/set_reward", json={"interaction_id": r2["id"], "reward": 4.0}, headers=key_headers(key))
+        await c.post("/rl/end_session", headers=key_headers(key))
+        con = await export(c, sid, style="concat", discount=0.5)
+    by_leaf = {s["id"]: s for s in con["interactions"]}
+    assert con["stats"]["fork"] == 2 and con["stats"]["conversations"] == 2
+    first, forked, side = by_leaf[r1["id"]], by_leaf[r2["id"]], by_leaf[r3["id"]]
+    assert forked["relation"] == "fork" and forked["fork_reason"] == "no_prefix_match"
+    assert forked["lineage_parent_id"] == r1["id"] and forked["parent_id"] is None
+    assert first["conversation_id"] == forked["conversation_id"] == r1["id"] != side["conversation_id"]
+    assert first["reward"] == pytest.approx(2.0) and forked["reward"] == 4.0 and side["reward"] is None
+
+
 async def test_two_exports_with_different_gamma(make_app, asgi_client, tokenizer):
     engine = FakeEngine(tokenizer, script=["a", "b", "c"])
     async with asgi_client(make_app(engine)) as c:

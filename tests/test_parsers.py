@@ -110,3 +110,35 @@ def test_think(name, text, expected):
 def test_arguments_are_normalised_json():
     (call,) = run(get_tool_parser("hermes"), '<tool_call>{"name":"f","arguments":{"k":[1,2],"s":"é"}}</tool_call>')
     assert json.loads(call.arguments) == {"k": [1, 2], "s": "é"}
+
+
+SCHEMAS = {"lookup": {"type": "object", "properties": {
+    "code": {"type": "string"}, "n": {"type": "integer"}, "x": {"type": ["number", "null"]},
+    "flag": {"type": "boolean"}, "tags": {"type": "array"}, "opt": {"type": ["string", "integer"]}}}}
+XML_CALLS = {
+    "qwen3_xml": "<tool_call>\n<function=lookup>\n" + "".join(
+        f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in
+        [("code", "123"), ("n", "7"), ("x", "null"), ("flag", "true"), ("tags", '["a", 1]'), ("opt", "5"),
+         ("free", "2.5"), ("note", "not json")]) + "</function>\n</tool_call>",
+    "glm45": "<tool_call>lookup\n" + "".join(
+        f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in
+        [("code", "123"), ("n", "7"), ("x", "null"), ("flag", "true"), ("tags", '["a", 1]'), ("opt", "5"),
+         ("free", "2.5"), ("note", "not json")]) + "</tool_call>",
+}
+
+
+@pytest.mark.parametrize("name", sorted(XML_CALLS))
+def test_xml_style_arguments_are_typed_by_the_tool_schema(name):
+    """Bare-text values follow the parameter's schema: a string "123" stays a string; without a schema,
+    JSON when the text is JSON."""
+    text = "Let me look. " + XML_CALLS[name]
+    for splits in all_chunkings(text, n_random=5):
+        content, call = run(get_tool_parser(name, SCHEMAS), text, splits)
+        assert content == ContentText("Let me look. ") and call.name == "lookup"
+        assert json.loads(call.arguments) == {"code": "123", "n": 7, "x": None, "flag": True, "tags": ["a", 1],
+                                              "opt": 5, "free": 2.5, "note": "not json"}
+    (call,) = run(get_tool_parser(name), XML_CALLS[name])  # no schemas: JSON where the text is JSON
+    assert json.loads(call.arguments)["code"] == 123
+    (call,) = run(get_tool_parser(name, {"lookup": {"type": "object", "properties": {"n": {"type": "integer"}}}}),
+                  XML_CALLS[name].replace(">7<", ">seven<").replace("\n7\n", "\nseven\n"))
+    assert json.loads(call.arguments)["n"] == "seven"  # not an integer: what the model wrote

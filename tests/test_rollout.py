@@ -9,7 +9,8 @@ import pytest
 from helpers import ADMIN_KEY, eventually
 from rlgate.client import GatewayClient
 from rlgate.engine.fake import FakeEngine
-from rlgate.rollout.agent import AgentError, check_result
+from rlgate.rollout.agent import check_result
+from rlgate.rollout.errors import AgentContractError
 from rlgate.rollout.runner import Allowance, RolloutRunner
 from rlgate.server.runner import ServerThread
 
@@ -66,9 +67,12 @@ class FlakyAgent:
 
 def test_check_result():
     assert check_result(1) == 1.0 and check_result({"a": 1}) == {"a": 1.0}
-    for bad in (None, "1", True, {"a": "x"}):
-        with pytest.raises(AgentError):
+    for bad in (None, "1", True, {"a": "x"}, float("nan"), float("inf"), {"a": float("-inf")}, {"a": True}):
+        with pytest.raises(AgentContractError):
             check_result(bad)
+    assert check_result(0.5, (0.0, 1.0)) == 0.5
+    with pytest.raises(AgentContractError, match="outside reward_range"):
+        check_result(1.5, (0.0, 1.0))
 
 
 async def test_groups_rewards_and_exports(make_app, tokenizer):
@@ -82,8 +86,10 @@ async def test_groups_rewards_and_exports(make_app, tokenizer):
         assert len(g.ok) == 4
         for e in g.episodes:
             (s,) = e.samples
-            assert s["reward"] == e.reward and e.reward in (0.0, 1.0)
-            assert sum(s["loss_mask"]) > 0
+            assert s.reward == e.reward and e.reward in (0.0, 1.0)
+            assert s.generated_tokens > 0
+            assert (s.group_id, s.episode, s.task_id) == (g.group_id, e.index, g.group_id)
+            assert s.session_id == e.session_id
     rewards = sorted(e.reward for g in groups for e in g.episodes)
     assert rewards == [0.0] * 4 + [1.0] * 4
     assert runner.counters.completed == 8 and runner.counters.failed == 0
@@ -96,7 +102,7 @@ async def test_dict_rewards_per_interaction(make_app, tokenizer):
             (ep,) = (await runner.group("g", {})).episodes
     assert ep.ok and ep.reward == 2.5
     # discount 1.0 along the chain: the first turn gets 0.5 + 2.0
-    assert [s["reward"] for s in ep.samples] == [2.5, 2.0]
+    assert [s.reward for s in ep.samples] == [2.5, 2.0]
 
 
 async def test_failing_and_hanging_agents_lose_only_their_episode(make_app, tokenizer):
@@ -226,3 +232,61 @@ async def test_any_episode_error_loses_only_that_episode(make_app, tokenizer):
     failed = next(e for e in group.episodes if not e.ok)
     assert "KeyError" in failed.error and runner.counters.failed == 1
     assert metrics["open_sessions"] == 0
+
+
+class NoCallAgent:
+    """Returns a reward without calling the gateway (a classic mistake: the agent's own client)."""
+
+    async def run(self, data, *, base_url, api_key, http_client=None):
+        return 1.0
+
+
+async def test_episode_order_with_and_without_a_collector(make_app, tokenizer):
+    """Without a collector the runner ends the session, then rewards it (admin key) and exports it;
+    with one (cluster/collector.py) the export is taken the moment the session ends, so rewards come
+    first. Both: the same rewards and typed samples, and an episode without an LLM call fails clearly."""
+    pytest.importorskip("aiohttp")  # the cluster extra (the collector itself needs only httpx)
+    from rlgate.cluster.collector import Collector
+    from rlgate.cluster.directory import ReplicaTable, StaticDirectory
+
+    def factory(group_id, data):
+        return {"chat": ChatAgent(), "two": TwoTurnAgent(), "none": NoCallAgent()}[data["kind"]]
+
+    items = [("chat", {"kind": "chat", "q": "?", "a": "7"}), ("two", {"kind": "two"}), ("none", {"kind": "none"})]
+    with ServerThread(make_app(FakeEngine(tokenizer, script=lambda r: "7"))) as url:
+        async with GatewayClient(url, ADMIN_KEY) as client:
+            directory = StaticDirectory([url], ADMIN_KEY)
+            table = ReplicaTable(directory, interval=0.2)
+            await table.start()
+            try:
+                # (first: a collector takes every finished session of the gateways it polls)
+                plain = RolloutRunner(client, factory, group_size=2)
+                results = {"plain": {g.group_id: g async for g in plain.groups(items)}}
+                async with Collector(table, ADMIN_KEY, maxsize=4, poll_wait=0.5) as collector:
+                    collected = RolloutRunner(client, factory, group_size=2, collector=collector)
+                    results["collector"] = {g.group_id: g async for g in collected.groups(items)}
+                    assert collector.queue.qsize() == 0  # every export went to the episode that waited for it
+                metrics = await client.metrics()
+            finally:
+                await table.stop()
+                await directory.aclose()
+    for name, groups in results.items():
+        for e in groups["chat"].episodes:
+            assert e.ok and e.reward == 1.0, (name, e.error)
+            (s,) = e.samples
+            assert s.reward == 1.0 and (s.group_id, s.episode) == ("chat", e.index)
+        for e in groups["two"].episodes:
+            assert e.ok and [s.reward for s in e.samples] == [2.5, 2.0], name
+            assert {(s.group_id, s.episode) for s in e.samples} == {("two", e.index)}
+        for e in groups["none"].episodes:
+            assert not e.ok and e.samples == [] and "made no LLM call through the gateway" in e.error, (name, e.error)
+    assert plain.counters.failed == collected.counters.failed == 2
+    assert metrics["open_sessions"] == 0
+
+
+async def test_a_reward_function_does_not_combine_with_a_collector():
+    # The collector takes the export when the session ends; a reward function scores the ended
+    # episode, so its rewards would come too late: refused when the runner is built.
+    async with GatewayClient("http://127.0.0.1:9", ADMIN_KEY) as client:
+        with pytest.raises(ValueError, match="reward function"):
+            RolloutRunner(client, NoCallAgent(), reward_fn=lambda episode: 1.0, collector=object())

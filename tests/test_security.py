@@ -119,7 +119,7 @@ def test_keys_never_appear_in_logs_of_rlgate_serve(tiny_model_dir, tmp_path):
             proc.terminate()
             proc.wait(300)
     text = log_path.read_text()
-    assert '"POST /v1/chat/completions HTTP/1.1" 200' in text and "DEBUG" in text
+    assert '"POST /v1/chat/completions HTTP/1.1" 200' in text and "DEBUG rlgate.generation: session" in text
     assert_no_keys(text, keys)
     blob = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.suffix != ".log")
     for k in keys:

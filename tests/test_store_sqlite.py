@@ -504,3 +504,21 @@ async def test_no_response_reports_a_change_before_it_is_durable(make_app, asgi_
         assert (await c.post("/rl/end_session", headers=h)).status_code == 200
     assert len(checks) == 8 and all(ok for _, ok in checks), checks
     store.close()
+
+
+async def test_client_store_flag_survives_a_restart(make_app, asgi_client, tokenizer, tmp_path):
+    """store=false responses are recorded; after a restart they are still not referenceable."""
+    path = tmp_path / "gw.sqlite"
+    store = SQLiteStore(path)
+    async with asgi_client(make_app(FakeEngine(tokenizer), store=store)) as c:
+        _, key = await start_session(c)
+        ids = []
+        for flag in (True, False):
+            r = await c.post("/v1/responses", json={"input": "hi", "store": flag}, headers=key_headers(key))
+            assert r.status_code == 200
+            ids.append(r.json()["id"])
+    store.close()
+    store2 = SQLiteStore(path)
+    session = next(iter(make_app(FakeEngine(tokenizer), store=store2).state.gateway.sessions.sessions.values()))
+    assert [session.interactions[i].client_store for i in ids] == [True, False]
+    store2.close()

@@ -18,6 +18,7 @@ from rlgate.rollout.runner import Episode, Group, RolloutRunner
 from rlgate.server.runner import ServerThread
 from rlgate.train.grpo import GRPOConfig, GRPOTrainer, LoopState, StepStats, filter_group, grpo_loop
 from rlgate.train.sync import ColocatedSync, RemoteSync
+from rlgate.trajectory.sample import Sample
 
 
 class LengthAgent:
@@ -54,7 +55,7 @@ async def _run_loop(tiny_model_dir, make_app, *, max_staleness, steps, record):
     original_step = trainer.step
 
     def recording_step(samples, group_ids, version):
-        record.append((version, [[v for v, m in zip(s["versions"], s["loss_mask"], strict=False) if m] for s in samples]))
+        record.append((version, [[v for v, m in zip(s.versions, s.loss_mask, strict=True) if m] for s in samples]))
         return original_step(samples, group_ids, version)
 
     trainer.step = recording_step
@@ -96,9 +97,15 @@ async def test_staleness_one_trains_on_at_most_one_version_behind(tiny_model_dir
     assert all(h["dropped_stale_samples"] == 0 for h in state.history)
 
 
+def _sample(versions, reward):
+    n = len(versions)
+    return Sample(id="x", input_ids=[1] * (n + 1), loss_mask=[0] + [1] * n, logprobs=[0.0] * (n + 1),
+                  versions=[-1] + versions, reward=reward)
+
+
 def _episode(gid, i, versions, reward=1.0, ok=True):
     e = Episode(gid, i, {}, ok=ok, result=reward)
-    e.samples = [{"versions": [-1] + versions, "loss_mask": [0] + [1] * len(versions), "reward": reward}]
+    e.samples = [_sample(versions, reward)]
     return e
 
 
@@ -136,7 +143,8 @@ async def test_in_flight_request_across_a_weight_swap_carries_two_versions(tiny_
                         assert await client.update_weights(str(ckpt)) == 1
                 await oai.close()
             exp = await s.export()
-    versions = [v for v, m in zip(exp["interactions"][0]["versions"], exp["interactions"][0]["loss_mask"], strict=False) if m]
+    item = exp["interactions"][0]
+    versions = [v for v, m in zip(item["versions"], item["loss_mask"], strict=True) if m]
     # (seed 1 makes the random tiny model write well past the 5th chunk before stopping)
     assert len(versions) > 8
     assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
@@ -192,10 +200,10 @@ async def test_remote_sync_through_update_weights_route(tiny_model_dir, tmp_path
 
 def test_filter_group_leaves_out_unrewarded_samples():
     a, b = _episode("g", 0, [1]), _episode("g", 1, [1])
-    b.samples.append({"versions": [-1, 1], "loss_mask": [0, 1], "reward": None})  # a side request
+    b.samples.append(_sample([1], None))  # a side request
     stats = StepStats()
     samples, _ = filter_group(Group("g", {}, [a, b]), version=1, max_staleness=0, stats=stats)
-    assert len(samples) == 2 and all(s["reward"] is not None for s in samples) and stats.unrewarded == 1
+    assert len(samples) == 2 and all(s.reward is not None for s in samples) and stats.unrewarded == 1
     # a group with nothing rewarded is dropped, not trained on as reward 0
     c, d = _episode("g", 0, [1], reward=None), _episode("g", 1, [1], reward=None)
     stats = StepStats()
@@ -209,8 +217,8 @@ def test_samples_from_version_zero_count_as_stale(tiny_model_dir):
     trainer = GRPOTrainer(model, GRPOConfig(lr=1e-4, device="cpu", max_staleness=1))
 
     def sample(version, reward):
-        return {"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1], "logprobs": [0.0, 0.0, -3.0, -3.0],
-                "versions": [-1, -1, version, version], "reward": reward}
+        return Sample(id="s", input_ids=[5, 6, 7, 8], loss_mask=[0, 0, 1, 1], logprobs=[0.0, 0.0, -3.0, -3.0],
+                      versions=[-1, -1, version, version], reward=reward)
 
     m = trainer.step([sample(0, 1.0), sample(0, 0.0), sample(1, 1.0)], ["g", "g", "g"], current_version=1)
     assert m["stale_samples"] == 2

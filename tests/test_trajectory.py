@@ -11,12 +11,14 @@ from rlgate.chat.conversation import Message
 from rlgate.trajectory.export import (
     export_samples,
     read_jsonl,
+    read_samples,
     to_packed_tensors,
     to_padded_tensors,
     write_jsonl,
     write_parquet,
 )
 from rlgate.trajectory.interaction import Interaction
+from rlgate.trajectory.sample import Sample
 from rlgate.trajectory.tree import discounted_rewards
 
 
@@ -63,6 +65,39 @@ def test_branching_tree_discount_hand_computed():
     assert r["f"] == 5
 
 
+def _turn(iid, messages, reply, parent=None, reward=None, fork_reason=None):
+    i = inter(iid, parent, reward, relation="extend" if parent else ("fork" if fork_reason else "root"))
+    i.messages, i.output_message, i.fork_reason = messages, Message.of("assistant", reply), fork_reason
+    return i
+
+
+def test_a_fork_stays_in_its_conversation_and_passes_rewards_back():
+    """Lineage by messages: a turn that forked (other tools, an unbridgeable template) continues the
+    turn whose messages + reply its messages extend; a side request is a conversation of its own."""
+    sys_, q1, q2, q3 = (Message.of("system", "S"), Message.of("user", "q1"), Message.of("user", "q2"),
+                        Message.of("user", "q3"))
+    a1, b1 = Message.of("assistant", "A1", reasoning="dropped by the client"), Message.of("assistant", "B1")
+    a = _turn("a", [sys_, q1], "A1")
+    b = _turn("b", [sys_, q1, a1, q2], "B1", parent="a")
+    c = _turn("c", [sys_, q1, a1, q2, b1, q3], "C1", reward=10, fork_reason="no_prefix_match")
+    d = _turn("d", [Message.of("user", "title?")], "T", fork_reason="no_prefix_match")
+    e = _turn("e", [sys_, q1], "A1 again", reward=1, fork_reason="no_prefix_match")  # a retry of turn 1
+    samples, stats = export_samples([a, b, c, d, e], style="concat", discount=0.5)
+    by_leaf = {s.id: s for s in samples}
+    assert stats["fork"] == 3 and stats["conversations"] == 3
+    assert by_leaf["b"].turn_rewards == [pytest.approx(2.5), pytest.approx(5.0)]  # c's 10 crossed the fork
+    assert by_leaf["b"].conversation_id == by_leaf["c"].conversation_id == "a"
+    assert by_leaf["c"].fork_reason == "no_prefix_match" and by_leaf["c"].lineage_parent_id == "b"
+    assert by_leaf["c"].parent_id is None and by_leaf["c"].chain == ["c"]
+    assert by_leaf["d"].conversation_id == "d" and by_leaf["d"].lineage_parent_id is None
+    assert by_leaf["e"].conversation_id == "e"  # nothing before turn 1: a new conversation
+    assert by_leaf["b"].fork_reason is None and by_leaf["b"].lineage_parent_id is None
+    individual, _ = export_samples([a, b, c, d, e], style="individual", discount=0.5)
+    assert {s.id: s.lineage_parent_id for s in individual} == {"a": None, "b": "a", "c": "b", "d": None,
+                                                                   "e": None}
+    assert [s.reward for s in individual] == [pytest.approx(2.5), pytest.approx(5.0), 10, None, 1]
+
+
 def test_unrewarded_tree_stays_none():
     r = discounted_rewards([inter("a"), inter("b", "a")], 0.9)
     assert r == {"a": None, "b": None}
@@ -74,12 +109,12 @@ def test_concat_export_masks_each_generated_segment():
     b.output_versions = [8, 8]
     samples, stats = export_samples([a, b], style="concat")
     (s,) = samples
-    assert s["chain"] == ["a", "b"] and s["id"] == "b"
-    assert s["input_ids"] == [1, 2, 3, 4, 5, 6, 7]
-    assert s["loss_mask"] == [0, 0, 1, 1, 0, 1, 1]
-    assert s["versions"] == [-1, -1, 7, 7, -1, 8, 8]
-    assert s["logprobs"] == [0.0, 0.0, -0.5, -0.5, 0.0, -0.5, -0.5]
-    assert s["reward"] == 1.0 and s["turn_rewards"] == [1.0, 1.0]
+    assert s.chain == ["a", "b"] and s.id == "b"
+    assert s.input_ids == [1, 2, 3, 4, 5, 6, 7]
+    assert s.loss_mask == [0, 0, 1, 1, 0, 1, 1]
+    assert s.versions == [-1, -1, 7, 7, -1, 8, 8]
+    assert s.logprobs == [0.0, 0.0, -0.5, -0.5, 0.0, -0.5, -0.5]
+    assert s.reward == 1.0 and s.turn_rewards == [1.0, 1.0]
     assert stats["unaligned_turns"] == 0 and stats["extend"] == 1 and stats["root"] == 1
 
 
@@ -87,7 +122,7 @@ def test_concat_unaligned_turn_gets_no_loss():
     a = inter("a", prompt=[1, 2], out=[3, 4])
     b = inter("b", "a", prompt=[1, 2, 9, 4, 5], out=[6])  # re-rendered: 3 became 9
     (s,), stats = export_samples([a, b], style="concat")
-    assert s["loss_mask"] == [0, 0, 0, 0, 0, 1] and stats["unaligned_turns"] == 1
+    assert s.loss_mask == [0, 0, 0, 0, 0, 1] and stats["unaligned_turns"] == 1
 
 
 def test_failed_and_pending_are_counted_not_exported():
@@ -97,7 +132,7 @@ def test_failed_and_pending_are_counted_not_exported():
     p = inter("p")
     p.status = "pending"
     samples, stats = export_samples([a, f, p])
-    assert [s["id"] for s in samples] == ["a"] and stats["failed"] == 1 and stats["pending"] == 1
+    assert [s.id for s in samples] == ["a"] and stats["failed"] == 1 and stats["pending"] == 1
 
 
 def test_padded_and_packed_tensors():
@@ -122,16 +157,36 @@ def test_jsonl_and_parquet_roundtrip(tmp_path):
 
     a = inter("a", reward=1.5)
     b = inter("b", "a", prompt=[1, 2, 3, 4, 9], out=[10, 11])
-    samples, _ = export_samples([a, b], style="concat")
-    samples += export_samples([a, b], style="individual")[0]
-    assert read_jsonl(write_jsonl(samples, tmp_path / "s.jsonl")) == samples
+    samples, _ = export_samples([a, b], style="concat", task_id="task-7")
+    samples += export_samples([a, b], style="individual", task_id="task-7")[0]
+    for k, s in enumerate(samples):
+        s.group_id, s.episode, s.step = "g-1", k, 3
+    assert read_samples(write_jsonl(samples, tmp_path / "s.jsonl")) == samples
+    assert read_jsonl(tmp_path / "s.jsonl") == [s.to_dict() for s in samples]
     write_parquet(samples, tmp_path / "s.parquet")
+    assert read_samples(tmp_path / "s.parquet") == samples
     ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "s.parquet"), split="train")
     assert len(ds) == len(samples)
-    for row, s in zip(ds, samples, strict=False):
-        assert row["input_ids"] == s["input_ids"]
-        assert row["loss_mask"] == s["loss_mask"]
-        assert row["versions"] == s["versions"]
-        assert row["logprobs"] == pytest.approx(s["logprobs"])
-        assert row["reward"] == s["reward"] or (row["reward"] is None and s["reward"] is None)
-        assert row["id"] == s["id"]
+    for row, s in zip(ds, samples, strict=True):
+        assert row["input_ids"] == s.input_ids
+        assert row["loss_mask"] == s.loss_mask
+        assert row["versions"] == s.versions
+        assert row["logprobs"] == pytest.approx(s.logprobs)
+        assert row["reward"] == s.reward or (row["reward"] is None and s.reward is None)
+        assert row["id"] == s.id
+        # the columns a viewer groups by
+        assert (row["session_id"], row["task_id"], row["group_id"], row["step"]) == ("s", "task-7", "g-1", 3)
+        assert row["episode"] == s.episode
+
+
+def test_sample_wire_form_and_validation():
+    (s,), _ = export_samples([inter("a", reward=1.0)], task_id="t")
+    d = s.to_dict()
+    assert d["session_id"] == "s" and d["task_id"] == "t"
+    assert "chain" not in d and "group_id" not in d  # concat-only / rollout fields left out while unset
+    # a field this version does not know is kept, not lost
+    again = Sample.from_dict({**d, "from_the_future": 1})
+    assert again.extra == {"from_the_future": 1} and again.to_dict()["from_the_future"] == 1
+    assert s.generated_tokens == 2 and s.min_version == 7 and s.temperature == 1.0
+    with pytest.raises(ValueError, match="differ in length"):
+        Sample.from_dict({**d, "loss_mask": [0]})

@@ -2,23 +2,128 @@
 
 Public surface (everything else is internal and may change)::
 
-    GatewayClient, SessionHandle, GatewayClientError   control-route client
-    GatewayConfig                                       server configuration
-    create_app                                          the app factory
+    Gateway and client
+      GatewayClient, SessionHandle, GatewayClientError   control-route client
+      GatewayConfig                                       server configuration
+      create_app                                          the app factory
+    Trajectories
+      Sample                                              one exported training sequence
+    Rollout (agents in GRPO groups)
+      Agent, RolloutRunner, Allowance, Episode, Group     the agent contract, the runner
+      FinishedEpisode                                     what a reward function sees
+      AgentError, RunError, AgentContractError,           episode failures / run-stopping errors
+      TooManyFailures
+    Training
+      TrainConfig, load_config, ConfigError               the run configuration (strict)
+      run_training, Hooks, TrainRun, EvalResult           the loop wiring `rlgate train` and the demo use
+      GRPOTrainer, GRPOConfig, grpo_loop, LoopState,      the GRPO trainer and loop (import torch)
+      StepResult, TrainingStalled
+      WeightSync, ColocatedSync, RemoteSync               pushing weights to the serving policy
+
+Names are imported on first use, so ``import rlgate`` stays light (no torch, no FastAPI).
 """
 
 from __future__ import annotations
 
-from rlgate.client.gateway import GatewayClient, GatewayClientError, SessionHandle
-from rlgate.config import GatewayConfig
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+_WHERE = {
+    "GatewayClient": "rlgate.client.gateway",
+    "GatewayClientError": "rlgate.client.gateway",
+    "SessionHandle": "rlgate.client.gateway",
+    "GatewayConfig": "rlgate.config",
+    "create_app": "rlgate.server.app",
+    "Sample": "rlgate.trajectory.sample",
+    "Agent": "rlgate.rollout.agent",
+    "RolloutRunner": "rlgate.rollout.runner",
+    "Allowance": "rlgate.rollout.runner",
+    "Episode": "rlgate.rollout.runner",
+    "Group": "rlgate.rollout.runner",
+    "FinishedEpisode": "rlgate.rollout.reward",
+    "AgentError": "rlgate.rollout.errors",
+    "RunError": "rlgate.rollout.errors",
+    "AgentContractError": "rlgate.rollout.errors",
+    "TooManyFailures": "rlgate.rollout.errors",
+    "TrainConfig": "rlgate.train.config",
+    "GRPOConfig": "rlgate.train.config",
+    "ConfigError": "rlgate.train.config",
+    "load_config": "rlgate.train.config",
+    "run_training": "rlgate.train.run",
+    "Hooks": "rlgate.train.run",
+    "TrainRun": "rlgate.train.run",
+    "EvalResult": "rlgate.train.run",
+    "GRPOTrainer": "rlgate.train.grpo",
+    "grpo_loop": "rlgate.train.grpo",
+    "LoopState": "rlgate.train.grpo",
+    "StepResult": "rlgate.train.grpo",
+    "TrainingStalled": "rlgate.train.grpo",
+    "WeightSync": "rlgate.train.sync",
+    "ColocatedSync": "rlgate.train.sync",
+    "RemoteSync": "rlgate.train.sync",
+}
 
-def create_app(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - re-exported lazily (pulls FastAPI)
-    from rlgate.server.app import create_app as _create_app
+__all__ = [
+    "Agent",
+    "AgentContractError",
+    "AgentError",
+    "Allowance",
+    "ColocatedSync",
+    "ConfigError",
+    "Episode",
+    "EvalResult",
+    "FinishedEpisode",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "GatewayClient",
+    "GatewayClientError",
+    "GatewayConfig",
+    "Group",
+    "Hooks",
+    "LoopState",
+    "RemoteSync",
+    "RolloutRunner",
+    "RunError",
+    "Sample",
+    "SessionHandle",
+    "StepResult",
+    "TooManyFailures",
+    "TrainConfig",
+    "TrainRun",
+    "TrainingStalled",
+    "WeightSync",
+    "create_app",
+    "grpo_loop",
+    "load_config",
+    "run_training",
+    "__version__",
+]
 
-    return _create_app(*args, **kwargs)
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value  # resolved once
+        return value
+    raise AttributeError(f"module 'rlgate' has no attribute {name!r}")
 
 
-__all__ = ["GatewayClient", "GatewayClientError", "GatewayConfig", "SessionHandle", "create_app", "__version__"]
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time names resolve through __getattr__
+    from rlgate.client.gateway import GatewayClient, GatewayClientError, SessionHandle
+    from rlgate.config import GatewayConfig
+    from rlgate.rollout.agent import Agent
+    from rlgate.rollout.errors import AgentContractError, AgentError, RunError, TooManyFailures
+    from rlgate.rollout.reward import FinishedEpisode
+    from rlgate.rollout.runner import Allowance, Episode, Group, RolloutRunner
+    from rlgate.server.app import create_app
+    from rlgate.train.config import ConfigError, GRPOConfig, TrainConfig, load_config
+    from rlgate.train.grpo import GRPOTrainer, LoopState, StepResult, TrainingStalled, grpo_loop
+    from rlgate.train.run import EvalResult, Hooks, TrainRun, run_training
+    from rlgate.train.sync import ColocatedSync, RemoteSync, WeightSync
+    from rlgate.trajectory.sample import Sample

@@ -1,4 +1,4 @@
-"""``rlgate`` command line: serve, tiny-model, demo, train, view."""
+"""``rlgate`` command line: serve, tiny-model, demo, train, check, eval, view."""
 
 from __future__ import annotations
 
@@ -34,6 +34,17 @@ def _offline_env() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars are not ours to print
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every default: ``(default: X)`` unless the help text already explains it (``default:``
+    in it), or the flag is a switch or defaults to nothing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, argparse.SUPPRESS, False, []) or action.required:
+            return text
+        return super()._get_help_string(action) or text
 
 
 # --------------------------------------------------------------------------- serve
@@ -131,10 +142,17 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         raise SystemExit(f"rlgate: {exc}") from exc
     logging.getLogger("rlgate").info("store: %s", getattr(store, "path", ":memory: (nothing is persisted)"))
     try:
-        return create_app(config, engine, store, tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model))
+        app = create_app(config, engine, store, tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model))
+    except ValueError as exc:  # an unknown --renderer / parser name
+        store.close()
+        raise SystemExit(f"rlgate: {exc}") from exc
     except BaseException:
         store.close()
         raise
+    gen = app.state.gateway.generation
+    print(f"rlgate: model family {gen.family.title} ({gen.family.name}); renderer {gen.renderer.name}; "
+          f"tool parser {gen.tool_parser or 'none'}; reasoning parser {gen.reasoning_parser or 'none'}", flush=True)
+    return app
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -242,16 +260,48 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return run_scripted_demo(Path(args.out), seed=args.seed)
     from rlgate.demo.rl import run_demo
 
-    return run_demo(Path(args.out), task=args.task, seed=args.seed, steps=args.steps, metrics_port=args.metrics_port,
-                    pushgateway=args.pushgateway, gateway_metrics_port=args.gateway_metrics_port)
+    return run_demo(Path(args.out), task=args.task, seed=args.seed, steps=args.steps, port=args.port,
+                    metrics_port=args.metrics_port, pushgateway=args.pushgateway,
+                    gateway_metrics_port=args.gateway_metrics_port)
+
+
+def _train_logging() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     _offline_env()
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from rlgate.train.run import run_training
+    _train_logging()
+    if args.check:
+        from rlgate.train.check import run_check
 
-    return run_training(args.config, args.set)
+        return run_check(args.config, args.set, episodes=args.episodes, port=args.port)
+    from rlgate.train.run import train_command
+
+    return train_command(args.config, args.set, port=args.port)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    args.check = True
+    return cmd_train(args)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    _offline_env()
+    _train_logging()
+    from rlgate.train.eval_cmd import eval_command
+
+    return eval_command(args.config, args.set, port=args.port, checkpoint=args.checkpoint, dataset=args.dataset,
+                        samples_per_item=args.samples_per_item, temperature=args.temperature, limit=args.limit,
+                        report=args.out)
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="YAML file with a TrainConfig (docs/training.md)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set grpo.lr=1e-5 (repeatable)")
+    p.add_argument("--port", type=int, default=None,
+                   help="port of the in-process gateway on 127.0.0.1 (default: gateway.port, else a free one)")
 
 
 # --------------------------------------------------------------------------- view
@@ -283,24 +333,26 @@ def cmd_view(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlgate", description=__doc__)
+    fmt = HelpFormatter
+    parser = argparse.ArgumentParser(prog="rlgate", description=__doc__, formatter_class=fmt)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("serve", help="run the gateway")
+    p = sub.add_parser("serve", help="run the gateway", formatter_class=fmt)
     add_serve_args(p)
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("tiny-model", help="build the tiny offline model into DIR")
+    p = sub.add_parser("tiny-model", help="build the tiny offline model into DIR", formatter_class=fmt)
     p.add_argument("dir")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_tiny_model)
 
-    p = sub.add_parser("demo", help="run the offline RL demo (GRPO through the gateway, on CPU)")
+    p = sub.add_parser("demo", help="run the offline RL demo (GRPO through the gateway, on CPU)", formatter_class=fmt)
     p.add_argument("--out", default="demo-out", help="output directory (caches the model and warm start)")
     p.add_argument("--task", choices=["math", "tools"], default="math")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the task's tuned value)")
     p.add_argument("--scripted", action="store_true", help="only a short scripted session, no training")
+    p.add_argument("--port", type=int, default=None, help="the demo gateway's port on 127.0.0.1 (default: a free one)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve the per-step training metrics (Prometheus) on this port")
     p.add_argument("--pushgateway", default=None, help="also push them to this Prometheus Pushgateway URL")
@@ -308,13 +360,34 @@ def main(argv: list[str] | None = None) -> int:
                    help="serve the demo gateway's /metrics (guards included) without a key on this port")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("train", help="GRPO on any Hugging Face checkpoint (see rlgate.train.run)")
-    p.add_argument("--config", required=True, help="YAML file with a TrainConfig")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set grpo.lr=1e-5 (repeatable)")
+    p = sub.add_parser("train", help="GRPO on any Hugging Face checkpoint (docs/training.md)", formatter_class=fmt)
+    _add_config_args(p)
+    p.add_argument("--check", action="store_true", help="dry run: play --episodes episodes, show what was "
+                   "recorded, and exit (= rlgate check)")
+    p.add_argument("--episodes", type=int, default=1, help="--check: episodes to play")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("view", help="write the trajectory viewer for exported samples as one HTML file")
+    p = sub.add_parser("check", help="dry run of a training config: one episode, its recorded trajectory",
+                       formatter_class=fmt)
+    _add_config_args(p)
+    p.add_argument("--episodes", type=int, default=1, help="episodes to play")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("eval", help="reward of a checkpoint on a dataset, through the config's agent",
+                       formatter_class=fmt)
+    _add_config_args(p)
+    p.add_argument("--checkpoint", default=None, help="checkpoint directory (default: the run's latest, "
+                   "else the config's model)")
+    p.add_argument("--dataset", default=None, help="JSONL / Parquet / saved dataset (default: eval_dataset)")
+    p.add_argument("--samples-per-item", type=int, default=None, help="episodes per item (default: "
+                   "eval_samples_per_item)")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: "
+                   "eval_temperature)")
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N items")
+    p.add_argument("--out", default=None, help="JSON report path (default: OUT_DIR/eval-<checkpoint>.json)")
+    p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("view", help="write the trajectory viewer for exported samples as one HTML file",
+                       formatter_class=fmt)
     p.add_argument("paths", nargs="+", metavar="EXPORT",
                    help="Parquet / JSONL samples (write_parquet, the demo's trajectories.parquet, saved "
                    "/export_trajectories responses) or a directory of them (per-step dumps)")

@@ -58,8 +58,14 @@ class GatewayConfig:
     trajectory_mode: Literal["token_exact", "rerender"] = option(
         "token_exact", "default trajectory mode of a session (token_exact: one exact token sequence per "
         "conversation; rerender: every turn rendered afresh)")
-    tool_parser: str | None = option("hermes", "tool-call parser ('none' disables tool-call parsing)")
-    reasoning_parser: str | None = option(None, "reasoning parser, e.g. 'think' (none: reasoning stays in the content)")
+    model_family: str | None = option(
+        None, "model family by chat/families name: renderer, parsers and stop tokens, e.g. qwen3, llama3, gpt_oss "
+        "('jinja': the checkpoint's own template; none or 'auto': detected from config.json and the chat template)",
+        flag="--renderer", metavar="NAME")
+    tool_parser: str | None = option("auto", "tool-call parser ('auto': the model family's; 'none' disables "
+                                     "tool-call parsing)")
+    reasoning_parser: str | None = option("auto", "reasoning parser, e.g. 'think' ('auto': the model family's; "
+                                          "'none': reasoning stays in the content)")
     default_max_tokens: int = option(512, "generated tokens when a request sets no max tokens")
     max_tokens_cap: int | None = option(None, "hard cap on generated tokens per request (none: the context only)")
     context_length: int | None = option(None, "tokens of prompt + output a request may use (none: the engine's)")
@@ -82,6 +88,9 @@ class GatewayConfig:
     shutdown_timeout: float = option(30.0, "SIGTERM: seconds requests in flight get to finish before being aborted")
     cors_origins: list[str] = option(help="allow this CORS origin (repeat for several; none: no CORS headers)",
                                      factory=list, flag="--cors-origin", metavar="ORIGIN")
+    stream_keepalive_interval: float = option(
+        10.0, "seconds without a streamed event before a keep-alive event (ping) is sent (0: never)")
+    image_placeholder: str = "<image>"  # informational: what text-only templates render for an image
 
     # ---- metrics, silent-failure guards and the viewer (docs/operations.md, "Metrics and guards")
     metrics_port: int | None = field(default=None, metadata={

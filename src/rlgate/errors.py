@@ -46,13 +46,37 @@ class GatewayError(Exception):
         if status is not None:
             self.status = status
 
+    def message_for(self, surface: str) -> str:
+        """The message in the wording of the API that serves the request (``anthropic`` / ``openai``)."""
+        return self.message
+
 
 class InvalidRequest(GatewayError):
     pass
 
 
 class ContextLengthExceeded(InvalidRequest):
+    """The prompt does not fit the context. Its message is worded as each API words it, because
+    clients parse it: Claude Code matches ``prompt is too long: N tokens > M maximum`` to decide
+    to compact; OpenAI clients (Codex, LangChain, the Agents SDK) key on the code
+    ``context_length_exceeded``, and some on the "maximum context length is" sentence."""
+
     default_code = "context_length_exceeded"
+
+    def __init__(self, message: str | None = None, *, prompt_tokens: int, limit: int,
+                 param: str | None = "messages") -> None:
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
+        super().__init__(message or self.openai_message(), param=param)
+
+    def openai_message(self) -> str:
+        return (f"This model's maximum context length is {self.limit} tokens. However, your messages resulted in "
+                f"{self.prompt_tokens} tokens. Please reduce the length of the messages.")
+
+    def message_for(self, surface: str) -> str:
+        if surface == "anthropic":
+            return f"prompt is too long: {self.prompt_tokens} tokens > {self.limit} maximum"
+        return self.message
 
 
 class AuthenticationFailed(GatewayError):
@@ -144,9 +168,10 @@ def surface_of(path: str) -> str:
 
 
 def error_body(exc: GatewayError, surface: str) -> dict[str, Any]:
+    message = exc.message_for(surface)
     if surface == "anthropic":
-        return {"type": "error", "error": {"type": exc.anthropic_type, "message": exc.message}}
-    return {"error": {"message": exc.message, "type": exc.openai_type, "param": exc.param, "code": exc.code}}
+        return {"type": "error", "error": {"type": exc.anthropic_type, "message": message}}
+    return {"error": {"message": message, "type": exc.openai_type, "param": exc.param, "code": exc.code}}
 
 
 def from_status(status: int, message: str) -> GatewayError:

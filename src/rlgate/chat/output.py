@@ -289,6 +289,8 @@ class OutputAssembler:
                 if t:
                     self.result.reasoning += t
                     events.append(ReasoningDelta(t))
+            elif isinstance(p, ParsedToolCall):  # formats whose one parser does both (harmony)
+                events += self._dispatch_tool_events([p])
             elif self._tools:
                 events += self._dispatch_tool_events(self._tools.feed(p.text))
             else:

@@ -1,4 +1,4 @@
-"""Messages to token ids, with the model's own chat template.
+"""Messages to token ids with the model's own Jinja chat template (the generic renderer).
 
 Two ways to build a prompt:
 
@@ -7,25 +7,28 @@ Two ways to build a prompt:
   ``rerender`` mode.
 * :meth:`ChatRenderer.bridge_ids` — the tokens that come *after* a parent turn's
   generated tokens (token-exact mode). The parent's prompt and output tokens are
-  reused verbatim; only the new messages are rendered, and they are rendered in
-  context so that turn separators come out exactly as the full template would
-  produce them (verl #6501 lost the separator at assistant -> tool boundaries).
+  reused verbatim; only the new messages are rendered, in context, so that turn
+  separators come out exactly as the full template writes them (verl #6501 lost the
+  separator at assistant -> tool boundaries).
 
-How the bridge is computed (``base`` is the leading system message if any, a
-placeholder user turn, and the parent's assistant message)::
+How the bridge is computed. The parent's reply is rendered with its text replaced by a
+sentinel (its tool calls kept, its reasoning dropped), after the leading system message
+and a placeholder user turn::
 
-    suffix   = what the template writes after an assistant message's content
-               (ChatML: "<|im_end|>\\n"), found once with a sentinel message
-    glue     = suffix minus the stop token's text if the parent ended with that
-               stop token (ChatML: "\\n"), else the whole suffix
-    new_text = render(base + new, add_generation_prompt)[len(render(base)):]
+    suffix   = what the template writes after an assistant message's text up to the end
+               of that turn (ChatML: "<|im_end|>\\n"), found once with the sentinel alone
+    full     = render(system? + [user, sentinel reply] + new, add_generation_prompt)
+    new_text = full after the first `suffix` that follows the sentinel
+    glue     = suffix minus the stop token's text if the parent ended with that stop
+               token (ChatML: "\\n"), else the whole suffix
     bridge   = encode(glue + new_text)
 
-so that ``child_prompt = parent_prompt + parent_output + bridge``. The rendering of
-the new messages only depends on a bounded context, so the cost of a turn does not
-grow with the length of the conversation. If a template does not render
-incrementally (``render(base + new)`` does not start with ``render(base)``),
-:class:`BridgeError` is raised and the caller starts a fresh rendering instead.
+so that ``child_prompt = parent_prompt + parent_output + bridge``. What the template does
+*before* the sentinel — dropping the reply's reasoning, writing an empty ``<think>`` block
+for the last assistant turn only (Qwen3), rewriting earlier turns — does not matter: only
+the text after the parent's turn is used. The cost of a turn does not depend on the length
+of the conversation. :class:`BridgeError` is raised only when the sentinel or the suffix
+cannot be found (a template that does not write assistant text verbatim).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from collections import OrderedDict
 from typing import Any
 
 from rlgate.chat.conversation import ImagePart, Message, TextPart, ToolSpec, canonical_json
+from rlgate.chat.families.base import BridgeError, ParentTurn, TemplateError
+
+__all__ = ["BridgeError", "ChatRenderer", "TemplateError", "message_to_template"]
 
 _SENTINEL = "RLGATE_SENTINEL_7f3a"
 # Prompts remembered by render_ids (exact inputs -> token ids). A GRPO group sends the same
@@ -43,14 +49,6 @@ _SENTINEL = "RLGATE_SENTINEL_7f3a"
 # prompt (Jinja + tokenizer) costs more than the rest of the request (benchmarks/hot_path.py).
 PROMPT_CACHE_SIZE = 4096
 _PLACEHOLDER_USER = Message.of("user", "hi")
-
-
-class BridgeError(Exception):
-    """The chat template cannot be rendered incrementally for this conversation."""
-
-
-class TemplateError(Exception):
-    """The chat template refused the conversation (e.g. a role it does not support)."""
 
 
 def message_to_template(msg: Message) -> dict[str, Any]:
@@ -84,12 +82,20 @@ def message_to_template(msg: Message) -> dict[str, Any]:
 
 
 class ChatRenderer:
-    """Renders conversations with a tokenizer's chat template."""
+    """Renders conversations with a tokenizer's chat template (see module docstring)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    name = "jinja"
+
+    def __init__(self, tokenizer: Any, *, reasoning_start: str | None = "<think>",
+                 default_kwargs: dict[str, Any] | None = None, close_aliases: dict[str, str] | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
+        self.reasoning_start = reasoning_start  # text that opens reasoning, if the family has it
+        self.default_kwargs = dict(default_kwargs or {})
+        # Stop tokens that stand for the template's turn close (harmony: the generated <|return|>
+        # takes the place of the <|end|> the template writes after a historical reply).
+        self.close_aliases = dict(close_aliases or {})
         # Memoised per (tools, template kwargs): the text after an assistant message.
         self._suffix_cache: dict[str, str] = {}
         # Exact template inputs -> prompt ids (least recently used first).
@@ -106,6 +112,7 @@ class ChatRenderer:
         template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         continue_final = bool(messages) and messages[-1].role == "assistant" and add_generation_prompt
+        kwargs = {**self.default_kwargs, **(template_kwargs or {})}
         try:
             return self.tokenizer.apply_chat_template(
                 [message_to_template(m) for m in messages],
@@ -113,7 +120,7 @@ class ChatRenderer:
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt and not continue_final,
                 continue_final_message=continue_final,
-                **(template_kwargs or {}),
+                **kwargs,
             )
         except Exception as exc:  # jinja raises TemplateError, ValueError, TypeError...
             raise TemplateError(f"the chat template could not render the conversation: {exc}") from exc
@@ -148,49 +155,60 @@ class ChatRenderer:
             self._prompts.popitem(last=False)
         return ids
 
+    def reasoning_open(self, prompt_ids: list[int]) -> bool:
+        if not self.reasoning_start or not prompt_ids:
+            return False
+        return self.decode(prompt_ids[-8:]).rstrip().endswith(self.reasoning_start)
+
     def assistant_suffix(
         self, tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None, cache_key: str | None = None
     ) -> str:
+        """What the template writes after an assistant message's text, up to the next turn."""
         key = cache_key or canonical_json([[t.to_openai() for t in tools or []], template_kwargs or {}])
         if key not in self._suffix_cache:
-            text = self.render_text(
-                [_PLACEHOLDER_USER, Message.of("assistant", _SENTINEL)],
-                tools,
-                add_generation_prompt=False,
-                template_kwargs=template_kwargs,
-            )
+            base = [_PLACEHOLDER_USER, Message.of("assistant", _SENTINEL)]
+            text = self.render_text(base, tools, add_generation_prompt=False, template_kwargs=template_kwargs)
             if _SENTINEL not in text:
                 raise BridgeError("the chat template does not render assistant content verbatim")
-            self._suffix_cache[key] = text.split(_SENTINEL, 1)[1]
+            suffix = text.split(_SENTINEL, 1)[1]
+            if not suffix:
+                # The last assistant turn may be left open; take what follows it when a user turn comes.
+                nxt = self.render_text(base + [_PLACEHOLDER_USER], tools, add_generation_prompt=False,
+                                       template_kwargs=template_kwargs)
+                user = self.render_text([_PLACEHOLDER_USER], tools, add_generation_prompt=False,
+                                        template_kwargs=template_kwargs)
+                after = nxt.split(_SENTINEL, 1)[1]
+                suffix = after[: len(after) - len(user)] if user and after.endswith(user) else ""
+                if not suffix:
+                    raise BridgeError("the chat template writes nothing after an assistant turn")
+            self._suffix_cache[key] = suffix
         return self._suffix_cache[key]
 
     def bridge_ids(
         self,
         *,
+        parent: ParentTurn,
         leading_system: Message | None,
-        parent_reply: Message,
-        parent_stop_text: str | None,
         new_messages: list[Message],
         tools: list[ToolSpec] | None = None,
         template_kwargs: dict[str, Any] | None = None,
         cache_key: str | None = None,
     ) -> list[int]:
-        """Tokens that follow a parent's generated tokens (see module docstring).
-
-        ``parent_stop_text`` is the text of the stop token the parent's output ended
-        with, or None if it ended on length / abort / a stop string. ``cache_key``
-        identifies ``(tools, template_kwargs)`` for memoising the assistant suffix.
-        """
+        """Tokens that follow a parent's generated tokens (see module docstring)."""
         suffix = self.assistant_suffix(tools, template_kwargs, cache_key)
         glue = suffix
-        if parent_stop_text and suffix.startswith(parent_stop_text):
-            glue = suffix[len(parent_stop_text):]
-        base = ([leading_system] if leading_system is not None else []) + [_PLACEHOLDER_USER, parent_reply]
-        head = self.render_text(base, tools, add_generation_prompt=False, template_kwargs=template_kwargs)
+        if parent.stop_text:
+            close = self.close_aliases.get(parent.stop_text, parent.stop_text)
+            if suffix.startswith(close):
+                glue = suffix[len(close):]
+        reply = Message(role="assistant", content=[TextPart(_SENTINEL)], tool_calls=list(parent.reply.tool_calls))
+        base = ([leading_system] if leading_system is not None else []) + [_PLACEHOLDER_USER, reply]
         full = self.render_text(base + new_messages, tools, template_kwargs=template_kwargs)
-        if not full.startswith(head) or not head.endswith(suffix):
-            raise BridgeError("the chat template does not render new messages incrementally")
-        return self.encode(glue + full[len(head):])
+        at = full.find(_SENTINEL)
+        end = full.find(suffix, at + len(_SENTINEL)) if at >= 0 else -1
+        if end < 0:
+            raise BridgeError("the chat template does not render the parent's reply verbatim")
+        return self.encode(glue + full[end + len(suffix):])
 
 
 def _prompt_key(messages: list[Message], tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None) -> bytes:

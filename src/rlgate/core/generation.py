@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlgate.chat.conversation import DigestChain, Message, tools_digest
+from rlgate.chat.families.base import BridgeError, ModelFamily, ParentTurn, TemplateError
+from rlgate.chat.families.registry import resolve_family
 from rlgate.chat.output import OutputAssembler, OutputEvent, openai_call_id
 from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser, unparsed_tool_blocks
-from rlgate.chat.render import BridgeError, ChatRenderer, TemplateError
 from rlgate.config import GatewayConfig
 from rlgate.core.limits import check_request_limits
 from rlgate.core.request import ChatRequest
@@ -52,7 +53,7 @@ class Prepared:
     api: str
     prompt_ids: list[int]
     sampling: SamplingParams
-    interaction: Interaction | None  # None when store=False
+    interaction: Interaction  # recorded whatever the client's store flag says
     call_id: Callable[[], str]
     chain: DigestChain  # digest of the request messages; + reply = the interaction's prefix key
     received_at: float = field(default_factory=time.perf_counter)  # for the latency metrics
@@ -86,19 +87,27 @@ class GenerationService:
         sessions: SessionManager,
         stop_token_ids: list[int],
         metrics: GatewayMetrics | None = None,
+        family: ModelFamily | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else sessions.gateway_metrics
         self.engine = engine
         self.tokenizer = tokenizer
-        self.renderer = ChatRenderer(tokenizer)
+        self.family = family if family is not None else resolve_family(tokenizer, config.model_family)
+        self.renderer = self.family.renderer(tokenizer)
         self.sessions = sessions
-        self.stop_token_ids = tuple(stop_token_ids)
+        stops = list(stop_token_ids)
+        stops += [t for t in self.family.stop_token_ids(tokenizer) if t not in stops]
+        self.stop_token_ids = tuple(stops)
+        self.tool_parser = self.family.tool_parser if config.tool_parser == "auto" else config.tool_parser
+        self.reasoning_parser = (
+            self.family.reasoning_parser if config.reasoning_parser == "auto" else config.reasoning_parser
+        )
         # Validate parser names once, at startup.
-        if config.tool_parser:
-            get_tool_parser(config.tool_parser)
-        if config.reasoning_parser:
-            get_reasoning_parser(config.reasoning_parser)
+        if self.tool_parser:
+            get_tool_parser(self.tool_parser)
+        if self.reasoning_parser:
+            get_reasoning_parser(self.reasoning_parser)
 
     @property
     def context_length(self) -> int:
@@ -118,9 +127,10 @@ class GenerationService:
         if parent is not None and session.mode == "token_exact":
             try:
                 bridge = self.renderer.bridge_ids(
+                    parent=ParentTurn(parent.prompt_ids, parent.output_ids,
+                                      parent.output_message,  # type: ignore[arg-type]
+                                      self._stop_text(parent)),
                     leading_system=req.messages[0] if req.messages[0].role == "system" else None,
-                    parent_reply=parent.output_message,  # type: ignore[arg-type]
-                    parent_stop_text=self._stop_text(parent),
                     new_messages=req.messages[covered:],
                     tools=req.tools,
                     template_kwargs=req.template_kwargs,
@@ -151,7 +161,7 @@ class GenerationService:
 
     def _stop_text(self, parent: Interaction) -> str | None:
         if parent.stop_kind == "stop_token" and parent.output_ids and parent.output_ids[-1] in self.stop_token_ids:
-            return self.renderer.decode([parent.output_ids[-1]])
+            return self.tokenizer.decode([parent.output_ids[-1]], skip_special_tokens=False)
         return None
 
     # ------------------------------------------------------------------ prepare
@@ -170,10 +180,7 @@ class GenerationService:
         prompt, interaction, chain = self.build_prompt(session, req)
         ctx = self.context_length
         if len(prompt) >= ctx:
-            raise ContextLengthExceeded(
-                f"the prompt is {len(prompt)} tokens; this model's context is {ctx} tokens",
-                param="messages",
-            )
+            raise ContextLengthExceeded(prompt_tokens=len(prompt), limit=ctx, param="messages")
         max_new = ctx - len(prompt)
         max_new = min(max_new, req.max_tokens if req.max_tokens is not None else self.config.default_max_tokens)
         if self.config.max_tokens_cap is not None:
@@ -184,7 +191,7 @@ class GenerationService:
                 raise ContextLengthExceeded(
                     f"max_total_tokens={req.max_total_tokens} leaves no room after the "
                     f"{len(prompt)}-token prompt",
-                    param="max_total_tokens",
+                    prompt_tokens=len(prompt), limit=req.max_total_tokens, param="max_total_tokens",
                 )
         try:
             sampling = SamplingParams(
@@ -207,25 +214,33 @@ class GenerationService:
             "seed": req.seed,
             "max_new_tokens": max_new,
         }
-        return Prepared(session, req, interaction_id, api, prompt, sampling,
-                        interaction if req.store else None, call_id, chain, received_at)
+        interaction.client_store = req.store
+        return Prepared(session, req, interaction_id, api, prompt, sampling, interaction, call_id, chain,
+                        received_at)
 
     # ------------------------------------------------------------------ run
 
     def _tool_parser_name(self, p: Prepared) -> str | None:
         """The tool parser that runs for this request (None: tool parsing is off)."""
-        if p.request.tools and p.request.tool_choice != "none" and self.config.tool_parser:
-            return self.config.tool_parser
+        if p.request.tools and p.request.tool_choice != "none" and self.tool_parser:
+            return self.tool_parser
         return None
 
     def _assembler(self, p: Prepared) -> OutputAssembler:
         parser = self._tool_parser_name(p)
+        tools = get_tool_parser(parser, {t.name: t.parameters for t in p.request.tools}) if parser else None
+        reasoning = None
+        if self.reasoning_parser:
+            # Templates whose generation prompt opens the reasoning block (Qwen3-Thinking-2507,
+            # DeepSeek-R1) produce replies that start inside it.
+            reasoning = get_reasoning_parser(self.reasoning_parser,
+                                             starts_in_reasoning=self.renderer.reasoning_open(p.prompt_ids))
         return OutputAssembler(
             self.tokenizer,
             stop_token_ids=self.stop_token_ids,
             stop_strings=p.request.stop,
-            tool_parser=get_tool_parser(parser) if parser else None,
-            reasoning_parser=get_reasoning_parser(self.config.reasoning_parser) if self.config.reasoning_parser else None,
+            tool_parser=tools,
+            reasoning_parser=reasoning,
             call_id=p.call_id,
         )
 
@@ -249,8 +264,7 @@ class GenerationService:
         stream = self.engine.stream(
             GenerateRequest(p.prompt_ids, p.sampling, request_id=p.interaction_id, session_id=p.session.id)
         )
-        if p.interaction is not None:
-            self.sessions.add_interaction(p.session, p.interaction)
+        self.sessions.add_interaction(p.session, p.interaction)
         p.session.in_flight += 1
         try:
             async for delta in stream:
@@ -301,7 +315,7 @@ class GenerationService:
         yield final
 
     def _fail(self, p: Prepared, error: str, generated: int, first_token_at: float | None) -> None:
-        if p.interaction is not None and p.interaction.status == "pending":
+        if p.interaction.status == "pending":
             self.sessions.fail_interaction(p.session, p.interaction, error)
         self._report(p, GenerationOutcome(
             api=p.api, streamed=p.streamed, finish_reason="error", prompt_tokens=len(p.prompt_ids),
@@ -341,7 +355,7 @@ class GenerationService:
             finish = "tool_calls"
         message = out.to_message()
         inter = p.interaction
-        if inter is not None and inter.status == "pending":
+        if inter.status == "pending":
             inter.output_ids = ids[:kept]
             inter.output_logprobs = logprobs[:kept]
             inter.output_versions = versions[:kept]
@@ -350,6 +364,9 @@ class GenerationService:
             inter.output_message = message
             inter.prefix_key = p.chain.copy().add(message).hexdigest()
             self.sessions.complete_interaction(p.session, inter)
+        log.debug("session %s turn %s: %s, %d prompt + %d generated tokens, finish %s (%s)", p.session.id,
+                  p.interaction_id, inter.relation if inter is not None else "-", len(p.prompt_ids), kept, finish,
+                  stop_kind)
         parser = self._tool_parser_name(p)
         text = out.content
         self._report(p, GenerationOutcome(

@@ -36,5 +36,7 @@ class ChatRequest:
     top_k: int = 0  # 0: off
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
-    store: bool = True  # False: serve but record nothing
+    # The client's ``store`` flag (Responses API). Every call is recorded for training whatever
+    # it says; False only means previous_response_id cannot name this call later.
+    store: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)

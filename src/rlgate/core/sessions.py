@@ -305,8 +305,11 @@ class SessionManager:
                     code="session_active",
                 )
             await asyncio.sleep(min(left, 0.02))
-        samples, stats = export_samples(list(session.interactions.values()), style=style, discount=discount)
-        self.gateway_metrics.record_export(samples, stats, style, current_version)
+        samples, stats = export_samples(list(session.interactions.values()), style=style, discount=discount,
+                                        task_id=session.task_id)
+        interactions = [s.to_dict() for s in samples]
+        if not keep:  # a kept export is a look (e.g. a reward function's, before rewards): counted once, at the end
+            self.gateway_metrics.record_export(interactions, stats, style, current_version)
         response = {
             "session_id": session.id,
             "task_id": session.task_id,
@@ -315,7 +318,7 @@ class SessionManager:
             "discount": discount,
             "mode": session.mode,
             "stats": stats,
-            "interactions": samples,
+            "interactions": interactions,
         }
         # The response is fully built: only now may the session go.
         if not keep:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import secrets
 import shutil
 import signal
@@ -37,7 +36,17 @@ from typing import Any
 from rlgate.demo.scripted import ensure_tiny_model
 from rlgate.demo.sft import warm_start
 from rlgate.demo.tasks import TASKS
-from rlgate.trajectory.export import ExportStyle
+from rlgate.train.checkpoint import TOKENIZER_FILES
+from rlgate.train.config import (
+    DatasetSource,
+    GatewaySettings,
+    RolloutSettings,
+    TrackingSettings,
+    TrainConfig,
+)
+from rlgate.train.grpo import GRPOConfig, StepResult
+from rlgate.train.run import Hooks, TrainRun
+from rlgate.trajectory.export import write_jsonl
 
 
 @dataclass
@@ -78,11 +87,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_gateway(model_dir: Path, admin_key: str, log_path: Path,
+def _start_gateway(model_dir: Path, admin_key: str, log_path: Path, port: int | None = None,
                    metrics_port: int | None = None) -> tuple[subprocess.Popen, str]:
     import httpx
 
-    port = _free_port()
+    if port:
+        from rlgate.train.gateway import check_port_free
+
+        check_port_free(port)
+    port = port or _free_port()
     log_file = log_path.open("w")
     extra = ["--metrics-port", str(metrics_port)] if metrics_port is not None else []
     proc = subprocess.Popen(
@@ -93,7 +106,7 @@ def _start_gateway(model_dir: Path, admin_key: str, log_path: Path,
         stdout=log_file, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
+    deadline = time.time() + 600  # a loaded machine takes minutes to import torch; an early exit fails at once
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the gateway exited early; see {log_path}")
@@ -106,167 +119,143 @@ def _start_gateway(model_dir: Path, admin_key: str, log_path: Path,
     raise TimeoutError(f"the gateway did not start; see {log_path}")
 
 
-def _agent_factory(task: str, max_tokens: int):
-    if task == "tools":
-        from rlgate.demo.calculator_agent import CalculatorAgent
+def demo_config(task: str, settings: DemoSettings, *, model_dir: Path, out: Path, url: str, admin_key: str,
+                seed: int) -> TrainConfig:
+    """The demo as a TrainConfig: the tiny warm-started model, the example agents, a remote gateway."""
+    agent = "rlgate.demo.agents:CalculatorAgent" if task == "tools" else "rlgate.demo.agents:EitherSDKMathAgent"
+    return TrainConfig(
+        model=str(model_dir), out_dir=str(out), dataset=DatasetSource(path=str(out / f"{task}-train.jsonl")),
+        agent=agent, agent_kwargs={"model": "tiny-policy", "max_tokens": settings.max_tokens},
+        steps=settings.steps, seed=seed, checkpoint_every=settings.steps or 1, keep_checkpoints=1, resume=False,
+        grpo=GRPOConfig(lr=settings.lr, groups_per_step=settings.groups_per_step,
+                        max_staleness=settings.max_staleness, scale_adv_by_std=settings.scale_adv_by_std,
+                        micro_batch_size=32, pad_token_id=0, device="cpu"),
+        rollout=RolloutSettings(group_size=settings.group_size, concurrency=settings.concurrency, episode_timeout=60,
+                                export_style="concat" if task == "tools" else "individual"),
+        gateway=GatewaySettings(url=url, admin_key=admin_key, sync_dir=str(out / "sync"), sync_keep=1),
+        tracking=TrackingSettings(trajectories=False, plot=False),
+    )
 
-        agent = CalculatorAgent(model="tiny-policy", max_tokens=max_tokens)
-        return lambda gid, data: agent
-    from rlgate.demo.math_agent import MathAgent, OpenAIMathAgent
 
-    anthropic_agent = MathAgent(model="tiny-policy", max_tokens=max_tokens)
-    openai_agent = OpenAIMathAgent(model="tiny-policy", max_tokens=max_tokens)
-    # half the groups (by index) use the Anthropic SDK, half the OpenAI SDK
-    return lambda gid, data: anthropic_agent if int(gid.rsplit("-", 1)[-1]) % 2 == 0 else openai_agent
+class DemoHooks(Hooks):
+    """What the demo adds to a plain run: accuracy before / after (T=1 and greedy), held-out
+    accuracy every ``eval_every`` steps, a progress bar, the trained samples, the outputs."""
 
+    def __init__(self, task: str, heldout: list[dict[str, Any]], settings: DemoSettings, console: Any,
+                 model_dir: Path, exporter: Any = None) -> None:
+        self.task, self.heldout, self.settings, self.console, self.model_dir = task, heldout, settings, console, model_dir
+        self.exporter = exporter  # train/telemetry.py StepExporter (--metrics-port / --pushgateway), or None
+        self.samples: list[Any] = []
+        self.evals: list[tuple[int, float]] = []
+        self.before: dict[str, float] = {}
+        self.after: dict[str, float] = {}
+        self.progress: Any = None
+        self.bar: Any = None
+        self.last_acc = 0.0
 
-def _plot(path: Path, history: list[dict[str, float]], evals: list[tuple[int, float]], task: str) -> None:
-    import matplotlib
+    async def accuracy(self, run: TrainRun, temperature: float = 1.0, samples: int | None = None) -> float:
+        """Fraction of held-out questions answered right by the policy (mean over samples)."""
+        n = (samples or self.settings.eval_samples) if temperature > 0 else 1
+        res = await run.evaluate(self.heldout, samples_per_item=n, temperature=temperature, record=False)
+        return res.reward_mean_failed_as_zero
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    async def on_start(self, run: TrainRun) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    steps = [h["step"] for h in history]
-    rewards = [h["reward"] for h in history]
-    ax.plot(steps, rewards, label="train reward per step (T=1)", color="tab:blue", alpha=0.35)
-    window = 5
-    smooth = [sum(rewards[max(0, i - window + 1):i + 1]) / len(rewards[max(0, i - window + 1):i + 1])
-              for i in range(len(rewards))]
-    ax.plot(steps, smooth, label=f"train reward, {window}-step mean", color="tab:blue")
-    ax.plot([s for s, _ in evals], [a for _, a in evals], "o-", label="held-out accuracy (T=1)",
-            color="tab:orange")
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("reward / accuracy")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title(f"rlgate demo — task '{task}', tiny model on CPU")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+        t0 = time.perf_counter()
+        self.before = {"t1": await self.accuracy(run, samples=self.settings.final_eval_samples),
+                       "greedy": await self.accuracy(run, 0.0)}
+        self.last_acc = self.before["t1"]
+        self.evals.append((0, self.before["t1"]))
+        self.console.print(
+            f"held-out accuracy before RL: [bold]{self.before['t1']:.1%}[/bold] at the training temperature "
+            f"(T=1), {self.before['greedy']:.1%} greedy ({len(self.heldout)} questions, "
+            f"{time.perf_counter() - t0:.1f} s)")
+        columns = [TextColumn("[bold]GRPO[/bold]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TextColumn("{task.description}"), TimeElapsedColumn()]
+        self.progress = Progress(*columns, console=self.console, transient=False)
+        self.progress.start()
+        self.bar = self.progress.add_task("starting", total=self.settings.steps)
+
+    async def on_step(self, run: TrainRun, result: StepResult) -> None:
+        self.samples += result.samples
+        step = run.state.step
+        if step % self.settings.eval_every == 0 and step < self.settings.steps:
+            self.last_acc = await self.accuracy(run)
+            self.evals.append((step, self.last_acc))
+        m = result.metrics
+        if self.exporter is not None:
+            await self.exporter.step(step, {**m, "eval_accuracy": self.last_acc}, run.state.version)
+        tps = m["generated_tokens"] / max(m["rollout_s"], 1e-9)
+        self.progress.update(self.bar, advance=1, description=(
+            f"step {step}  reward {m['reward']:.2f}  acc {self.last_acc:.1%}  {tps:,.0f} tok/s"))
+
+    async def on_end(self, run: TrainRun) -> None:
+        from rlgate.train.plot import plot_reward_curve
+        from rlgate.trajectory.export import write_parquet
+
+        self.progress.stop()
+        self.after = {"t1": await self.accuracy(run, samples=self.settings.final_eval_samples),
+                      "greedy": await self.accuracy(run, 0.0)}
+        self.evals.append((run.state.step, self.after["t1"]))
+        d_t1 = self.after["t1"] - self.before["t1"]
+        d_greedy = self.after["greedy"] - self.before["greedy"]
+        self.console.print(f"held-out accuracy after RL:  [bold]{self.after['t1']:.1%}[/bold] at T=1 ({d_t1:+.1%}), "
+                           f"{self.after['greedy']:.1%} greedy ({d_greedy:+.1%})")
+        final = run.out / "final"
+        run.trainer.model.save_pretrained(final)
+        for name in TOKENIZER_FILES:
+            if (self.model_dir / name).is_file():
+                shutil.copy(self.model_dir / name, final / name)
+        write_parquet(self.samples, run.out / "trajectories.parquet")
+        plot_reward_curve(run.out / "reward_curve.png", run.state.history, self.evals,
+                          title=f"rlgate demo — task '{self.task}', tiny model on CPU",
+                          eval_label="held-out accuracy (T=1)", unit_range=True)
 
 
 async def _train(url: str, admin_key: str, model_dir: Path, out: Path, task: str, split: Any,
                  settings: DemoSettings, seed: int, console: Any, exporter: Any = None) -> dict[str, Any]:
-    import torch
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from transformers import AutoModelForCausalLM
-
     from rlgate.client import GatewayClient
-    from rlgate.rollout.runner import RolloutRunner
-    from rlgate.train.grpo import GRPOConfig, GRPOTrainer, LoopState, grpo_loop
-    from rlgate.train.sync import RemoteSync
-    from rlgate.trajectory.export import write_parquet
+    from rlgate.train.run import run_training
 
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    client = GatewayClient(url, admin_key)
-    style: ExportStyle = "concat" if task == "tools" else "individual"
-    runner = RolloutRunner(client, _agent_factory(task, settings.max_tokens), group_size=settings.group_size,
-                           concurrency=settings.concurrency, episode_timeout=60, export_style=style)
-    heldout = split.heldout[: settings.eval_items]
-
-    async def accuracy(temperature: float = 1.0, samples: int | None = None) -> float:
-        """Fraction of held-out questions answered right by the policy (mean over samples)."""
-        n = (samples or settings.eval_samples) if temperature > 0 else 1
-        items = [{**d, "temperature": temperature} for d in heldout for _ in range(n)]
-        episodes = await runner.evaluate(items, group_id="eval")
-        return sum(e.reward or 0.0 for e in episodes) / len(episodes)
-
-    t0 = time.perf_counter()
-    acc_before = await accuracy(samples=settings.final_eval_samples)
-    greedy_before = await accuracy(0.0)
-    t_eval = time.perf_counter() - t0
-    console.print(f"held-out accuracy before RL: [bold]{acc_before:.1%}[/bold] at the training temperature "
-                  f"(T=1), {greedy_before:.1%} greedy ({len(heldout)} questions, {t_eval:.1f} s)")
-
-    def prompts():
-        i = 0
-        while True:
-            items = list(split.train)
-            rng.shuffle(items)
-            for d in items:
-                yield f"g-{i}", {**d, "temperature": 1.0}
-                i += 1
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    config = GRPOConfig(lr=settings.lr, groups_per_step=settings.groups_per_step, max_staleness=settings.max_staleness,
-                        scale_adv_by_std=settings.scale_adv_by_std, micro_batch_size=32, pad_token_id=0, device="cpu")
-    trainer = GRPOTrainer(model, config)
-    sync = RemoteSync(client, out / "sync", keep=1)
-    all_samples: list[dict[str, Any]] = []
-    evals: list[tuple[int, float]] = [(0, acc_before)]
-    last_acc = acc_before
-    original_step = trainer.step
-
-    def recording_step(samples, group_ids, version):
-        for s, g in zip(samples, group_ids, strict=False):
-            all_samples.append({**s, "group": g, "train_version": version})
-        return original_step(samples, group_ids, version)
-
-    trainer.step = recording_step  # type: ignore[method-assign]
-    columns = [TextColumn("[bold]GRPO[/bold]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.description}"), TimeElapsedColumn()]
-    with Progress(*columns, console=console, transient=False) as progress:
-        bar = progress.add_task("starting", total=settings.steps)
-
-        async def on_step(state: LoopState, m: dict[str, float]) -> None:
-            nonlocal last_acc
-            if state.step % settings.eval_every == 0 and state.step < settings.steps:
-                last_acc = await accuracy()
-                evals.append((state.step, last_acc))
-            if exporter is not None:
-                await exporter.step(state.step, {**m, "eval_accuracy": last_acc}, state.version)
-            tps = m["generated_tokens"] / max(m["rollout_s"], 1e-9)
-            progress.update(bar, advance=1, description=(
-                f"step {state.step}  reward {m['reward']:.2f}  acc {last_acc:.1%}  {tps:,.0f} tok/s"))
-
-        health = await client.health()
-        state = await grpo_loop(trainer=trainer, runner=runner, sync=sync, prompts=prompts(), steps=settings.steps,
-                                state=LoopState(version=health["version"]), on_step=on_step)
-    acc_after = await accuracy(samples=settings.final_eval_samples)
-    greedy_after = await accuracy(0.0)
-    evals.append((state.step, acc_after))
-    console.print(f"held-out accuracy after RL:  [bold]{acc_after:.1%}[/bold] at T=1 ({acc_after - acc_before:+.1%}), "
-                  f"{greedy_after:.1%} greedy ({greedy_after - greedy_before:+.1%})")
-    final = out / "final"
-    model.save_pretrained(final)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                 "generation_config.json"):
-        if (model_dir / name).is_file():
-            shutil.copy(model_dir / name, final / name)
-    write_parquet(all_samples, out / "trajectories.parquet")
-    _plot(out / "reward_curve.png", state.history, evals, task)
-    metrics = await client.metrics()
-    await runner.aclose()
-    await client.aclose()
-    rollout_s = sum(h["rollout_s"] for h in state.history)
-    train_s = sum(h["train_s"] + h["sync_s"] for h in state.history)
+    write_jsonl(split.train, out / f"{task}-train.jsonl")
+    cfg = demo_config(task, settings, model_dir=model_dir, out=out, url=url, admin_key=admin_key, seed=seed)
+    hooks = DemoHooks(task, split.heldout[: settings.eval_items], settings, console, model_dir, exporter)
+    result = await run_training(cfg, hooks, stdout=False)
+    history = _read_history(out)
+    async with GatewayClient(url, admin_key) as client:
+        metrics = await client.metrics()
+    rollout_s = sum(h["rollout_s"] for h in history)
+    train_s = sum(h["train_s"] + h["sync_s"] for h in history)
     return {
-        "accuracy_before": acc_before,  # held-out, policy sampled at T=1 (what GRPO optimises)
-        "accuracy_after": acc_after,
+        "accuracy_before": hooks.before["t1"],  # held-out, policy sampled at T=1 (what GRPO optimises)
+        "accuracy_after": hooks.after["t1"],
         "accuracy_metric": "fraction of held-out answers correct, sampled at T=1 (final_eval_samples per question)",
-        "greedy_accuracy_before": greedy_before,
-        "greedy_accuracy_after": greedy_after,
-        "history": state.history,
-        "steps": state.step,
-        "final_version": state.version,
-        "evals": evals,
-        "reward_per_step": [h["reward"] for h in state.history],
+        "greedy_accuracy_before": hooks.before["greedy"],
+        "greedy_accuracy_after": hooks.after["greedy"],
+        "history": history,
+        "steps": result["steps"],
+        "final_version": result["version"],
+        "evals": hooks.evals,
+        "reward_per_step": [h["reward"] for h in history],
         "rollout_seconds": rollout_s,
         "train_seconds": train_s,
         "rollout_fraction": rollout_s / max(rollout_s + train_s, 1e-9),
-        "episodes": int(sum(h["episodes"] for h in state.history)),
-        "failed_episodes": int(sum(h["failed_episodes"] for h in state.history)),  # training episodes only
-        "generated_tokens": int(sum(h["generated_tokens"] for h in state.history)),
-        "samples": len(all_samples),
+        "episodes": int(sum(h["episodes"] for h in history)),
+        "failed_episodes": int(sum(h["failed_episodes"] for h in history)),  # training episodes only
+        "generated_tokens": int(sum(h["generated_tokens"] for h in history)),
+        "samples": len(hooks.samples),
         "gateway_metrics": metrics,
     }
 
 
+def _read_history(out: Path) -> list[dict[str, float]]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
 def run_demo(out: Path, *, task: str = "math", seed: int = 0, steps: int | None = None,
-             overrides: dict[str, Any] | None = None, metrics_port: int | None = None,
+             overrides: dict[str, Any] | None = None, port: int | None = None, metrics_port: int | None = None,
              pushgateway: str | None = None, gateway_metrics_port: int | None = None) -> int:
     from rich.console import Console
 
@@ -299,7 +288,7 @@ def run_demo(out: Path, *, task: str = "math", seed: int = 0, steps: int | None 
     # SIGTERM ends the demo like Ctrl+C does: through the `finally` that stops the gateway
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    proc, url = _start_gateway(warm_dir, admin_key, out / "gateway.log", gateway_metrics_port)
+    proc, url = _start_gateway(warm_dir, admin_key, out / "gateway.log", port, gateway_metrics_port)
     console.print(f"gateway on {url} (local engine, weights from {warm_dir.name})")
     exporter = None
     if metrics_port is not None or pushgateway:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgate.chat.conversation import Message, ToolCall, ToolSpec
+from rlgate.chat.families.base import ParentTurn
 from rlgate.chat.render import ChatRenderer
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
@@ -40,8 +41,8 @@ def tools_sequence(renderer: ChatRenderer, item: dict[str, Any], stop_id: int, t
     args = {"expression": item["expression"]}
     out1 = renderer.encode(tool_call_text(fn["name"], args)) + [stop_id]
     reply = Message(role="assistant", tool_calls=[ToolCall("call_0", fn["name"], json.dumps(args))])
-    bridge = renderer.bridge_ids(leading_system=None, parent_reply=reply,
-                                 parent_stop_text=renderer.decode([stop_id]),
+    parent = ParentTurn(prompt, out1, reply, renderer.decode([stop_id]))
+    bridge = renderer.bridge_ids(parent=parent, leading_system=None,
                                  new_messages=[Message.of("tool", item["answer"], tool_call_id="call_0")],
                                  tools=tools)
     out2 = renderer.encode(item["answer"]) + [stop_id]

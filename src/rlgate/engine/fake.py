@@ -15,6 +15,7 @@ position, always finite and ≤ 0. Every request received is kept in ``requests`
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ class FakeEngine(StreamingEngineMixin):
         output_tokens: int = EngineOptions.fake_output_tokens,
         max_context_length: int = 2048,
         token_delay: float = EngineOptions.fake_token_delay,
+        prefill_delay: float = 0.0,
         fail_with: EngineError | None = None,
     ) -> None:
         self.tokenizer = tokenizer
@@ -63,6 +65,7 @@ class FakeEngine(StreamingEngineMixin):
         self.output_tokens = output_tokens
         self._max_ctx = max_context_length
         self.token_delay = token_delay  # seconds between streamed tokens (0: instant)
+        self.prefill_delay = prefill_delay  # seconds before the first token (a long prompt's prefill)
         self.fail_with = fail_with  # raise this from every request (error-path tests)
         self.requests: list[GenerateRequest] = []
         self.aborted = 0  # streams closed before they finished
@@ -126,6 +129,8 @@ class FakeEngine(StreamingEngineMixin):
         stops = set(request.sampling.stop_token_ids)
         finished = False
         try:
+            if self.prefill_delay:
+                await asyncio.sleep(self.prefill_delay)
             for pos, tok in enumerate(planned):
                 if pos >= limit:
                     break
@@ -167,3 +172,83 @@ class FakeEngine(StreamingEngineMixin):
     async def bump_version(self) -> int:
         self._version += 1
         return self._version
+
+
+class ToolRoundScript:
+    """A generic agent script for :class:`FakeEngine` (``script=ToolRoundScript(tokenizer)``).
+
+    Reads the rendered prompt and answers like a minimal tool-using agent, whatever the client:
+
+    * the last user turn holds a tool result -> a final answer (``answer``);
+    * else, tools are listed in the prompt -> one call of a listed tool (the first whose name is
+      in ``prefer``, else the first listed), with arguments made from its JSON schema: every
+      required string is ``text``, a list of strings ``[text]``, a number 1, a boolean false;
+    * else -> the final answer.
+
+    The markers default to the ChatML + Hermes layout of the tiny model's template (tools as JSON
+    lines between ``<tools>`` tags, results in ``<tool_response>``, calls in ``<tool_call>``).
+    This is test scaffolding that reads text, not an engine feature: engines see ids only.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        prefer: tuple[str, ...] = (),
+        text: str = "ls",
+        answer: str = "Done.",
+        user_marker: str = "<|im_start|>user",
+        tools_open: str = "<tools>",
+        tools_close: str = "</tools>",
+        result_marker: str = "<tool_response>",
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.prefer = prefer
+        self.text = text
+        self.answer = answer
+        self.user_marker = user_marker
+        self.tools_open, self.tools_close = tools_open, tools_close
+        self.result_marker = result_marker
+        self.calls: list[dict[str, Any]] = []  # every call it made: {"name", "arguments"}
+
+    def _tools(self, prompt: str) -> list[dict[str, Any]]:
+        """The JSON tool specs of the first ``<tools>`` block that holds any (the template's own
+        instructions may mention the tags before the block)."""
+        start = prompt.find(self.tools_open)
+        while start >= 0:
+            end = prompt.find(self.tools_close, start)
+            if end < 0:
+                return []
+            tools = []
+            for line in prompt[start + len(self.tools_open):end].splitlines():
+                try:
+                    spec = json.loads(line)
+                except ValueError:
+                    continue
+                fn = spec.get("function", spec) if isinstance(spec, dict) else None
+                if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                    tools.append(fn)
+            if tools:
+                return tools
+            start = prompt.find(self.tools_open, end)
+        return []
+
+    def _value(self, schema: Any) -> Any:
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        if kind == "array":
+            return [self.text] if (schema.get("items") or {}).get("type") == "string" else []
+        return {"integer": 1, "number": 1, "boolean": False, "object": {}}.get(kind, self.text)  # type: ignore[arg-type]
+
+    def __call__(self, request: GenerateRequest) -> ScriptItem:
+        prompt = self.tokenizer.decode(request.input_ids, skip_special_tokens=False)
+        last_user = prompt.rsplit(self.user_marker, 1)[-1]
+        tools = self._tools(prompt)
+        if self.result_marker in last_user or not tools:
+            return self.answer
+        named = {t["name"]: t for t in tools}
+        tool = next((named[n] for n in self.prefer if n in named), tools[0])
+        params = tool.get("parameters") or {}
+        props = params.get("properties") or {}
+        args = {k: self._value(props.get(k)) for k in params.get("required") or []}
+        self.calls.append({"name": tool["name"], "arguments": args})
+        return "<tool_call>\n" + json.dumps({"name": tool["name"], "arguments": args}) + "\n</tool_call>"

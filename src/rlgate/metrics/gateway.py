@@ -240,7 +240,8 @@ class GatewayMetrics:
     def _zero_series(self) -> None:
         """Create the known label sets at 0, so every guard's series exists (and rate() works) before
         its first failure."""
-        parser = self.config.tool_parser
+        # "auto": the model family's parser, resolved by the GenerationService (its series appear on first use)
+        parser = self.config.tool_parser if self.config.tool_parser != "auto" else None
         for api in APIS:
             self.empty_replies.labels(api)
         for name in (parser, "none"):

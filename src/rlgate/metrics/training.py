@@ -30,6 +30,7 @@ HELP = {
     "generated_tokens": "tokens generated for the step's episodes",
     "stale_samples": "samples older than max_staleness, dropped",
     "eval_accuracy": "held-out accuracy at the last evaluation",
+    "eval_reward": "mean reward at the last evaluation",
 }
 
 

@@ -3,7 +3,8 @@
 The task gets the gateway (router) URL and its session key, with ``OPENAI_BASE_URL``,
 ``OPENAI_API_KEY``, ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY`` set in its environment as
 in ``subprocess`` mode, runs ``agent.run`` (a coroutine or a plain function) and returns the
-reward. It asks Ray for ``ray_options`` (e.g. ``{"num_cpus": 1}`` for a sandbox CPU,
+value of ``run`` (unchecked: the runner checks it, or a reward function scores the episode).
+It asks Ray for ``ray_options`` (e.g. ``{"num_cpus": 1}`` for a sandbox CPU,
 ``{"resources": {"sandbox": 1}}`` to land on sandbox nodes); the runner keeps rewards,
 ``end_session`` and the export on its side.
 
@@ -20,12 +21,12 @@ import inspect
 import os
 from typing import Any
 
-from rlgate.rollout.agent import AgentError, AgentResult, check_result
+from rlgate.rollout.errors import AgentError
 
 DEFAULT_RAY_OPTIONS: dict[str, Any] = {"num_cpus": 1}
 
 
-def _episode_task(agent: Any, data: dict[str, Any], base_url: str, api_key: str) -> AgentResult:
+def _episode_task(agent: Any, data: dict[str, Any], base_url: str, api_key: str) -> Any:
     """Runs inside a Ray worker."""
     os.environ.update({
         "OPENAI_BASE_URL": base_url.rstrip("/") + "/v1",
@@ -36,7 +37,7 @@ def _episode_task(agent: Any, data: dict[str, Any], base_url: str, api_key: str)
     out = agent.run(data, base_url=base_url, api_key=api_key)
     if inspect.isawaitable(out):
         out = asyncio.run(_await(out))
-    return check_result(out)
+    return out
 
 
 async def _await(aw: Any) -> Any:
@@ -56,7 +57,8 @@ class RayEpisodes:
         self._task = ray.remote(_episode_task).options(**options)
 
     async def run(self, agent: Any, data: dict[str, Any], *, base_url: str, api_key: str,
-                  timeout: float) -> AgentResult:
+                  timeout: float) -> Any:
+        """What the agent's ``run`` returned (unchecked); AgentError if it raised, timed out or died."""
         ref = self._task.remote(agent, data, base_url, api_key)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)

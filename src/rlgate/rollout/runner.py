@@ -3,12 +3,32 @@
 For each prompt of a dataset the runner plays a *group* of ``group_size`` episodes (the
 GRPO group), with at most ``concurrency`` episodes in flight. An episode is::
 
-    start_session -> agent.run(data, base_url, api_key) -> rewards -> end_session -> export
+    start_session -> agent.run(data, base_url, api_key) -> end_session
+        -> [reward_fn(episode)] -> rewards -> export -> typed Samples
 
 The agent's return value sets the rewards (a float rewards the last interaction; a dict
-rewards the given interaction ids). An episode whose agent raises, times out, or returns
-garbage loses only itself: its session is ended and discarded, it is counted, and the run
-goes on.
+rewards the given interaction ids), unless a reward function scores the episode. The
+session is ended first (its interaction count tells whether the agent called the gateway
+at all) and rewarded with the admin key. With a collector (``cluster/collector.py``,
+replicas on Ray) the export is taken the moment the session ends, so the order is::
+
+    start_session -> agent.run -> rewards -> end_session -> export (from the collector)
+
+and "no LLM call" is read from the export's stats.
+
+Modes (where ``agent.run`` executes): ``inline`` (this event loop), ``subprocess`` (a
+process per episode) and ``ray`` (a Ray task per episode, ``rollout/ray_mode.py``).
+
+Failures, by kind (rollout/errors.py):
+
+* an episode whose agent raises or times out, that made no LLM call through the gateway,
+  or that the gateway refused, loses only itself: its session is ended and discarded, it
+  is counted, and the run goes on. The first failure is logged with its full traceback;
+  later ones are counted (``counters``) and logged at DEBUG;
+* ``max_consecutive_failures`` failed episodes in a row (e.g. the first N of a run) raise
+  :class:`TooManyFailures`, whose message carries the first failure;
+* a reward that is not a finite float (or is outside ``reward_range``) is a bug, not bad
+  luck: :class:`AgentContractError` at once.
 
 Admission (staleness control): with an :class:`Allowance`, an episode starts only when
 the trainer has allowed it (the trainer raises the allowance by one step's worth of
@@ -22,14 +42,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlgate.client.gateway import GatewayClient, GatewayClientError
-from rlgate.rollout.agent import AgentError, AgentResult, run_inline, run_subprocess
+from rlgate.rollout.agent import AgentResult, check_result, run_inline, run_subprocess
+from rlgate.rollout.errors import AgentError, RunError, TooManyFailures
+from rlgate.rollout.reward import FinishedEpisode, RewardFn, call_reward_fn
+from rlgate.trajectory.sample import Sample
 
 log = logging.getLogger("rlgate.rollout")
+
+NO_LLM_CALL = ("the episode made no LLM call through the gateway: the agent must send its requests to the "
+               "base_url it is given, with the api_key it is given")
 
 AgentFactory = Callable[[str, dict[str, Any]], Any]  # (group_id, data) -> agent
 
@@ -42,21 +69,23 @@ class Episode:
     session_id: str | None = None
     ok: bool = False
     error: str | None = None
-    result: AgentResult | None = None  # what the agent returned
-    samples: list[dict[str, Any]] = field(default_factory=list)  # exported training samples
+    result: AgentResult | None = None  # the rewards set (the agent's return value, or the reward function's)
+    output: Any = None  # what the agent's run() returned
+    samples: list[Sample] = field(default_factory=list)  # exported training samples
     stats: dict[str, Any] = field(default_factory=dict)  # export stats (extend / fork counts...)
     seconds: float = 0.0
+    exported: bool = False  # the session's export was taken (by the collector): nothing left to discard
 
     @property
     def reward(self) -> float | None:
-        """The episode's return: the float the agent returned, or the sum of its dict."""
+        """The episode's return: the float reward, or the sum of the dict."""
         if isinstance(self.result, dict):
             return float(sum(self.result.values()))
         return self.result
 
     @property
     def generated_tokens(self) -> int:
-        return sum(sum(s["loss_mask"]) for s in self.samples)
+        return sum(s.generated_tokens for s in self.samples)
 
 
 @dataclass
@@ -106,8 +135,10 @@ class Allowance:
 class RolloutCounters:
     started: int = 0
     completed: int = 0
-    failed: int = 0  # agent raised / returned garbage / gateway refused
+    failed: int = 0  # agent raised / timed out / made no call / gateway refused
     timed_out: int = 0
+    consecutive_failures: int = 0  # since the last completed episode
+    first_failure: str | None = None  # "group/index: message" of the run's first failure
 
 
 class RolloutRunner:
@@ -123,13 +154,22 @@ class RolloutRunner:
         export_style: Literal["individual", "concat"] = "individual",
         discount: float = 1.0,
         allowance: Allowance | None = None,
+        reward_fn: RewardFn | None = None,
+        reward_range: tuple[float, float] | None = None,
+        max_consecutive_failures: int = 32,
         ray_options: dict[str, Any] | None = None,
         collector: Any = None,
     ) -> None:
-        """``ray_options``: mode ``ray`` only, the resource request of each episode's Ray task
+        """``max_consecutive_failures``: that many failed episodes in a row stop the run (0: never).
+        ``ray_options``: mode ``ray`` only, the resource request of each episode's Ray task
         (default ``{"num_cpus": 1}``; see ``rollout/ray_mode.py``). ``collector``: a
         :class:`~rlgate.cluster.collector.Collector`; episodes then get their export from it (one
-        stream per replica) instead of exporting their session themselves."""
+        stream per replica) instead of exporting their session themselves. The collector takes a
+        session's export the moment it ends, so its rewards are set before: a ``reward_fn``, which
+        scores the ended episode, does not combine with a collector (ValueError)."""
+        if collector is not None and reward_fn is not None:
+            raise ValueError("a reward function scores an ended episode, and the collector takes a session's export "
+                             "as soon as it ends: with a collector, the agent's return value is the reward")
         self.client = client
         self._agent_for: AgentFactory = agent if _is_factory(agent) else (lambda gid, data: agent)
         self.group_size = group_size
@@ -138,6 +178,9 @@ class RolloutRunner:
         self.export_style = export_style
         self.discount = discount
         self.allowance = allowance
+        self.reward_fn = reward_fn
+        self.reward_range = reward_range
+        self.max_consecutive_failures = max_consecutive_failures
         self.collector = collector
         self.counters = RolloutCounters()
         self._sem = asyncio.Semaphore(concurrency)
@@ -187,6 +230,57 @@ class RolloutRunner:
                 await asyncio.sleep(delay)  # no capacity yet: the trainer grants more per version
                 delay = min(delay * 2, 0.5)
 
+    async def _play(self, ep: Episode, session: Any) -> None:
+        agent = self._agent_for(ep.group_id, ep.data)
+        kwargs = dict(base_url=self.client.base_url, api_key=session.api_key, timeout=self.episode_timeout)
+        if self.mode == "subprocess":
+            ep.output = await run_subprocess(agent, ep.data, **kwargs)
+        elif self.mode == "ray":
+            ep.output = await self._ray.run(agent, ep.data, **kwargs)
+        else:
+            ep.output = await run_inline(agent, ep.data, http_client=self.http_client(), **kwargs)
+        if self.reward_fn is None:  # check before anything else: a bad return value is a bug to report
+            ep.result = check_result(ep.output, self.reward_range)
+        if self.collector is not None:
+            export = await self._collected(ep, session)
+        else:
+            if await session.end() == 0:
+                raise AgentError(NO_LLM_CALL)
+            if self.reward_fn is not None:
+                seen = await session.export(style="individual", keep=True)
+                finished = FinishedEpisode(ep.data, ep.output, session.session_id,
+                                           [Sample.from_dict(d) for d in seen["interactions"]])
+                ep.result = check_result(await call_reward_fn(self.reward_fn, finished), self.reward_range,
+                                         source="reward function")
+            await _set_rewards(session, ep.result)  # an ended session: with the admin key
+            export = await session.export(style=self.export_style, discount=self.discount)
+        ep.samples = [Sample.from_dict(d) for d in export["interactions"]]
+        for s in ep.samples:
+            s.group_id, s.episode = ep.group_id, ep.index
+        ep.stats = export["stats"]
+
+    async def _collected(self, ep: Episode, session: Any) -> dict[str, Any]:
+        """With a collector: rewards first (the collector takes the export the moment the session
+        ends), then end, then the export from the collector. Whether the agent made any LLM call
+        is read from the export's stats: a session without one has nothing to reward."""
+        refused: GatewayClientError | None = None
+        try:
+            await _set_rewards(session, ep.result)  # still active: with the session key
+        except GatewayClientError as exc:  # e.g. nothing to reward; the export below says whether that is why
+            refused = exc
+        collected = self.collector.expect(session.session_id)
+        try:
+            await session.end()
+            export: dict[str, Any] = await asyncio.wait_for(collected, self.episode_timeout)
+        finally:
+            collected.cancel()
+        ep.exported = True  # nothing left on the gateway to discard
+        if export["stats"]["completed"] == 0:
+            raise AgentError(NO_LLM_CALL)
+        if refused is not None:
+            raise refused
+        return export
+
     async def episode(self, group_id: str, index: int, data: dict[str, Any], *, admit: bool = True) -> Episode:
         ep = Episode(group_id, index, data)
         if admit and self.allowance is not None:
@@ -198,46 +292,49 @@ class RolloutRunner:
             try:
                 session = await self._start_session(f"{group_id}")
                 ep.session_id = session.session_id
-                agent = self._agent_for(group_id, data)
-                kwargs = dict(base_url=self.client.base_url, api_key=session.api_key, timeout=self.episode_timeout)
-                if self.mode == "subprocess":
-                    ep.result = await run_subprocess(agent, data, **kwargs)
-                elif self.mode == "ray":
-                    ep.result = await self._ray.run(agent, data, **kwargs)
-                else:
-                    ep.result = await run_inline(agent, data, http_client=self.http_client(), **kwargs)
-                if isinstance(ep.result, dict):
-                    for iid, r in ep.result.items():
-                        await session.set_reward(r, interaction_id=iid)
-                else:
-                    await session.set_reward(ep.result)
-                if self.collector is not None:
-                    collected = self.collector.expect(session.session_id)
-                    try:
-                        await session.end()
-                        export = await asyncio.wait_for(collected, self.episode_timeout)
-                    finally:
-                        collected.cancel()
-                else:
-                    await session.end()
-                    export = await session.export(style=self.export_style, discount=self.discount)
-                ep.samples, ep.stats, ep.ok = export["interactions"], export["stats"], True
+                await self._play(ep, session)
+                ep.ok = True
                 self.counters.completed += 1
+                self.counters.consecutive_failures = 0
+            except RunError:  # a bug to report, not an episode to lose
+                await self._discard(session, ep)
+                raise
             except Exception as exc:  # noqa: BLE001 - a failure loses only this episode (cancellation propagates)
-                ep.error = str(exc) if isinstance(exc, (AgentError, GatewayClientError)) else (
-                    f"{type(exc).__name__}: {exc}")
-                if "timed out" in ep.error:
-                    self.counters.timed_out += 1
-                self.counters.failed += 1
-                log.warning("episode %s/%d dropped: %s", group_id, index, ep.error)
-                await self._discard(session)
+                self._failed(ep, exc)
+                await self._discard(session, ep)
             finally:
                 ep.seconds = time.perf_counter() - t0
+        if self.max_consecutive_failures and self.counters.consecutive_failures >= self.max_consecutive_failures:
+            raise TooManyFailures(
+                f"{self.counters.consecutive_failures} episodes failed in a row "
+                f"(rollout.max_consecutive_failures = {self.max_consecutive_failures}); "
+                f"the first failure of this run: {self.counters.first_failure}")
         return ep
 
-    async def _discard(self, session: Any) -> None:
+    def _failed(self, ep: Episode, exc: BaseException) -> None:
+        """Count a failed episode; the first one of the run is logged with its full traceback."""
+        if isinstance(exc, (AgentError, GatewayClientError)):
+            ep.error = str(exc)
+        else:
+            ep.error = f"{type(exc).__name__}: {exc}"
+        if "timed out" in ep.error:
+            self.counters.timed_out += 1
+        self.counters.failed += 1
+        self.counters.consecutive_failures += 1
+        where = f"episode {ep.group_id}/{ep.index}"
+        if self.counters.first_failure is None:
+            self.counters.first_failure = f"{where}: {ep.error}"
+            details = getattr(exc, "details", None)
+            if details is None and not isinstance(exc, GatewayClientError):
+                details = "".join(traceback.format_exception(exc))
+            log.error("%s failed: %s\n%s(the first failed episode of this run; later ones are counted, "
+                      "not printed)", where, ep.error, details or "")
+        else:
+            log.debug("%s failed: %s", where, ep.error)
+
+    async def _discard(self, session: Any, ep: Episode) -> None:
         """End and drop a failed episode's session, so its key is retired and memory freed."""
-        if session is None:
+        if session is None or ep.exported:
             return
         collected = self.collector.expect(session.session_id) if self.collector is not None else None
         try:
@@ -255,10 +352,9 @@ class RolloutRunner:
     # ------------------------------------------------------------------ groups
 
     async def group(self, group_id: str, data: dict[str, Any], *, admit: bool = True) -> Group:
-        episodes = await asyncio.gather(
-            *(self.episode(group_id, i, data, admit=admit) for i in range(self.group_size))
-        )
-        return Group(group_id, data, list(episodes))
+        episodes = await _gather_all_or_none([self.episode(group_id, i, data, admit=admit)
+                                              for i in range(self.group_size)])
+        return Group(group_id, data, episodes)
 
     async def groups(self, items: Iterable[tuple[str, dict[str, Any]]], *, max_groups_in_flight: int = 64
                      ) -> AsyncIterator[Group]:
@@ -288,11 +384,41 @@ class RolloutRunner:
 
     async def evaluate(self, items: list[dict[str, Any]], *, group_id: str = "eval",
                        grant_capacity: bool = True) -> list[Episode]:
-        """One episode per item, outside the trainer's allowance (capacity granted here)."""
+        """One episode per item, outside the trainer's allowance (capacity granted here).
+
+        Raises :class:`TooManyFailures` when every episode failed: there is no score to report.
+        """
+        if not items:
+            return []
         if grant_capacity:
             await self.client.grant_capacity(len(items))
-        return list(await asyncio.gather(
-            *(self.episode(f"{group_id}-{i}", 0, d, admit=False) for i, d in enumerate(items))))
+        episodes = await _gather_all_or_none([self.episode(f"{group_id}-{i}", 0, d, admit=False)
+                                              for i, d in enumerate(items)])
+        if not any(e.ok for e in episodes):
+            raise TooManyFailures(f"evaluation: all {len(episodes)} episodes failed; "
+                                  f"first: {episodes[0].group_id}: {episodes[0].error}")
+        return episodes
+
+
+async def _gather_all_or_none(coros: list[Any]) -> list[Any]:
+    """Like ``gather``, but when one raises the others are cancelled (no orphaned episodes)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def _set_rewards(session: Any, result: AgentResult | None) -> None:
+    if isinstance(result, dict):
+        for iid, r in result.items():
+            await session.set_reward(r, interaction_id=iid)
+    else:
+        assert result is not None
+        await session.set_reward(result)
 
 
 def _is_factory(obj: Any) -> bool:

@@ -28,6 +28,10 @@ Departures from textbook GRPO:
   on-policy samples the recomputed logprobs match the recorded ones;
 * samples are whatever the gateway exported: ``individual`` (one per LLM call) or
   ``concat`` (one per conversation branch with loss on every generated segment).
+
+The loop never spins without progress: ``group_size < 2`` is refused up front (a group
+of one has no advantage), and ``max_dropped_groups_in_a_row`` dropped groups in a row
+(failed, stale or unrewarded episodes) raise :class:`TrainingStalled` with the reasons.
 """
 
 from __future__ import annotations
@@ -43,39 +47,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from pydantic import BaseModel
 
+from rlgate.rollout.errors import RunError
 from rlgate.rollout.runner import Allowance, Group, RolloutRunner
+from rlgate.train.config import GRPOConfig
 from rlgate.train.loss import group_advantages, kl_penalty, policy_loss, token_logprobs
 from rlgate.train.sync import WeightSync
 from rlgate.trajectory.export import to_padded_tensors
+from rlgate.trajectory.sample import Sample
 
 log = logging.getLogger("rlgate.train")
 
 
-class GRPOConfig(BaseModel):
-    """Optimisation hyper-parameters (rollout settings live in the runner)."""
-
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = 1.0
-    clip_low: float = 0.2  # PPO clip: ratio >= 1 - clip_low
-    clip_high: float | None = None  # ratio <= 1 + clip_high (None: = clip_low)
-    importance_cap: float = 5.0  # max off-policy weight pi_prox / pi_behav for stale samples
-    kl_coef: float = 0.0  # > 0: KL(pi || pi_ref) penalty against a frozen copy of the start
-    scale_adv_by_std: bool = False
-    micro_batch_size: int = 16  # samples per forward/backward (gradient accumulation)
-    minibatches: int = 1  # optimiser updates per batch
-    groups_per_step: int = 8
-    max_staleness: int = 0  # 0 = synchronous on-policy
-    pad_token_id: int = 0
-    device: str | None = None  # None: cuda if available else cpu
-
-
-def sample_min_version(sample: dict[str, Any]) -> int | None:
-    vs = [v for v, m in zip(sample["versions"], sample["loss_mask"], strict=False) if m and v >= 0]
-    return min(vs) if vs else None
+class TrainingStalled(RunError):
+    """Groups keep being dropped: the loop would never complete a step."""
 
 
 @dataclass
@@ -87,6 +72,7 @@ class StepStats:
     failed_episodes: int = 0
     episode_rewards: list[float] = field(default_factory=list)
     generated_tokens: int = 0
+    drop_reasons: list[str] = field(default_factory=list)  # one line per dropped group
 
 
 class GRPOTrainer:
@@ -114,14 +100,14 @@ class GRPOTrainer:
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long()).logits
         return token_logprobs(logits, batch["input_ids"], temps)
 
-    def step(self, samples: list[dict[str, Any]], group_ids: list[str], current_version: int) -> dict[str, float]:
+    def step(self, samples: list[Sample], group_ids: list[str], current_version: int) -> dict[str, float]:
         """One optimisation step on exported samples; returns metrics."""
         cfg = self.config
         # ------------------------------------------------------------------ advantages
-        rewards = [0.0 if s.get("reward") is None else float(s["reward"]) for s in samples]
+        rewards = [0.0 if s.reward is None else float(s.reward) for s in samples]
         advantages = group_advantages(rewards, group_ids, scale_by_std=cfg.scale_adv_by_std)
-        temps = torch.tensor([float(s.get("sampling", {}).get("temperature", 1.0)) for s in samples])
-        oldest = [sample_min_version(s) for s in samples]
+        temps = torch.tensor([s.temperature for s in samples])
+        oldest = [s.min_version for s in samples]
         stale = torch.tensor([v is not None and v < current_version for v in oldest])
         batch = to_padded_tensors(samples, pad_token_id=cfg.pad_token_id)
         batch = {k: v.to(self.device) for k, v in batch.items()}
@@ -209,25 +195,28 @@ class LoopState:
 
 
 def filter_group(group: Group, version: int, max_staleness: int, stats: StepStats
-                 ) -> tuple[list[dict[str, Any]], list[str]]:
+                 ) -> tuple[list[Sample], list[str]]:
     """Samples of a group's good, fresh-enough episodes (+ their group ids)."""
     episodes = []
     for e in group.episodes:
         if not e.ok:
             stats.failed_episodes += 1
             continue
-        versions = [sample_min_version(s) for s in e.samples]
+        versions = [s.min_version for s in e.samples]
         oldest = min((v for v in versions if v is not None), default=version)
         if version - oldest > max_staleness:
             stats.dropped_stale += len(e.samples)
             continue
         episodes.append(e)
-    samples, gids, rewards, unrewarded, tokens = [], [], [], 0, 0
+    samples: list[Sample] = []
+    gids: list[str] = []
+    rewards: list[float] = []
+    unrewarded = tokens = 0
     for e in episodes:
         rewards.append(e.reward or 0.0)
         tokens += e.generated_tokens
         for s in e.samples:
-            if s.get("reward") is None:  # not on a rewarded branch: no signal to learn from
+            if s.reward is None:  # not on a rewarded branch: no signal to learn from
                 unrewarded += 1
                 continue
             samples.append(s)
@@ -235,6 +224,9 @@ def filter_group(group: Group, version: int, max_staleness: int, stats: StepStat
     stats.unrewarded += unrewarded
     if len(episodes) < 2 or not samples:
         stats.dropped_groups += 1
+        stats.drop_reasons.append(
+            f"{group.group_id}: {len(group.episodes) - len(group.ok)} failed, "
+            f"{len(group.ok) - len(episodes)} stale, {unrewarded} unrewarded samples")
         return [], []
     stats.kept_groups += 1
     stats.episode_rewards += rewards
@@ -259,6 +251,26 @@ async def _next_group(queue: asyncio.Queue[Group], producer: asyncio.Task[None])
     raise RuntimeError("the prompt iterator ran out before the step was complete")
 
 
+@dataclass
+class StepResult:
+    """What ``on_step`` sees after each step."""
+
+    metrics: dict[str, float]  # the step's metrics (docs/training.md, "Metrics per step")
+    samples: list[Sample]  # the samples trained on, stamped with group_id, episode and step
+
+
+async def _train_step(loop: asyncio.AbstractEventLoop, pool: concurrent.futures.Executor, trainer: GRPOTrainer,
+                      samples: list[Sample], group_ids: list[str], version: int) -> dict[str, float]:
+    """``trainer.step`` on the training thread. Cancelled meanwhile (Ctrl-C), it waits for the step
+    to finish before re-raising: the weights then hold an applied update, which the caller counts."""
+    future = loop.run_in_executor(pool, trainer.step, samples, group_ids, version)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait([future])
+        raise
+
+
 async def grpo_loop(
     *,
     trainer: GRPOTrainer,
@@ -267,10 +279,17 @@ async def grpo_loop(
     prompts: Iterator[tuple[str, dict[str, Any]]],
     steps: int,
     state: LoopState | None = None,
-    on_step: Callable[[LoopState, dict[str, float]], Awaitable[None] | None] | None = None,
+    on_step: Callable[[LoopState, StepResult], Awaitable[None] | None] | None = None,
 ) -> LoopState:
-    """Run ``steps`` GRPO steps; ``on_step`` sees the state and metrics after each."""
+    """Run ``steps`` GRPO steps; ``on_step`` sees the state and the step's result after each.
+
+    Cancelled (Ctrl-C) while a training step runs, the loop lets the step finish and counts
+    it in ``state.step`` before re-raising, so the trainer's weights match ``state``.
+    """
     cfg = trainer.config
+    if runner.group_size < 2:
+        raise RunError(f"rollout.group_size is {runner.group_size}: GRPO compares episodes within a group, "
+                       "so a group needs at least 2 episodes")
     state = state or LoopState()
     episodes_per_step = cfg.groups_per_step * runner.group_size
     allowance = runner.allowance or Allowance()
@@ -293,27 +312,40 @@ async def grpo_loop(
     # the same thread: torch's OpenMP pool is per thread, and hopping threads costs.
     loop = asyncio.get_running_loop()
     train_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-train")
+    dropped_in_a_row = 0
     try:
         for _ in range(steps):
             t0 = time.perf_counter()
             # ------------------------------------------------------------ 1. collect groups
             stats = StepStats()
-            samples: list[dict[str, Any]] = []
+            samples: list[Sample] = []
             group_ids: list[str] = []
             while stats.kept_groups < cfg.groups_per_step:
                 group = await _next_group(queue, producer)
                 s, g = filter_group(group, state.version, cfg.max_staleness, stats)
                 samples += s
                 group_ids += g
+                dropped_in_a_row = 0 if s else dropped_in_a_row + 1
+                if cfg.max_dropped_groups_in_a_row and dropped_in_a_row >= cfg.max_dropped_groups_in_a_row:
+                    raise TrainingStalled(
+                        f"{dropped_in_a_row} groups in a row were dropped (grpo.max_dropped_groups_in_a_row); "
+                        "a group needs 2 successful, fresh episodes with rewarded samples. Last ones: "
+                        + "; ".join(stats.drop_reasons[-3:]))
                 # a dropped group is replaced whole; otherwise only its failed episodes
                 replace = runner.group_size if not s else sum(1 for e in group.episodes if not e.ok)
                 if replace:  # dropped episodes do not count against the allowance
                     await runner.client.grant_capacity(replace)
                     await allowance.grant(replace)
+            for sample in samples:
+                sample.step = state.step + 1
             t_rollout = time.perf_counter() - t0
             # ------------------------------------------------------------ 2-4. optimise
             t1 = time.perf_counter()
-            metrics = await loop.run_in_executor(train_thread, trainer.step, samples, group_ids, state.version)
+            try:
+                metrics = await _train_step(loop, train_thread, trainer, samples, group_ids, state.version)
+            except asyncio.CancelledError:
+                state.step += 1  # the update was applied; the weights are those of this step
+                raise
             t_train = time.perf_counter() - t1
             # ------------------------------------------------------------ 5. weight sync + admission
             t2 = time.perf_counter()
@@ -338,7 +370,7 @@ async def grpo_loop(
             })
             state.history.append(metrics)
             if on_step is not None:
-                out = on_step(state, metrics)
+                out = on_step(state, StepResult(metrics, samples))
                 if asyncio.iscoroutine(out):
                     await out
     finally:

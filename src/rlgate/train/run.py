@@ -1,347 +1,351 @@
-"""``rlgate train --config FILE.yaml``: GRPO on any Hugging Face checkpoint directory.
+"""``rlgate train --config FILE.yaml``: GRPO on any Hugging Face checkpoint — the one loop wiring.
 
-One pydantic config (:class:`TrainConfig`) read from YAML, with ``--set key=value``
-overrides (dotted keys, YAML values: ``--set grpo.lr=1e-5 --set steps=200``)::
+``rlgate train`` and ``rlgate demo`` both run :func:`run_training`: a :class:`TrainConfig`
+plus optional :class:`Hooks`. Top to bottom:
 
-    model: /models/Qwen2.5-0.5B-Instruct
-    out_dir: runs/math
-    dataset: data/train.jsonl            # one JSON object per line, passed to the agent
-    eval_dataset: data/test.jsonl        # optional; evaluated at temperature 0
-    agent: rlgate.demo.math_agent:OpenAIMathAgent
-    agent_kwargs: {max_tokens: 256}
-    steps: 200
-    grpo: {lr: 1.0e-6, groups_per_step: 16, max_staleness: 1}
-    rollout: {group_size: 8, concurrency: 64, export_style: individual}
-    gateway: {}                          # in-process gateway + local engine (colocated sync)
-    metrics: {port: 9400}                # Prometheus: per-step gauges (+ the in-process gateway's)
-    # gateway: {url: http://gpu-box:8000, sync_dir: /shared/ckpt}   # remote gateway
-    # ray: {replicas: 4, address: auto, episode: {num_cpus: 1}}       # replicas + rollouts on Ray
+1. **prepare** — everything that can be wrong is checked before any model is loaded:
+   the config (strict, train/config.py), the model path, the datasets, the agent (its
+   import and contract), the reward function, the trackers that were asked for;
+2. **gateway** — start one in this process, check the remote one, or start ``ray.replicas``
+   replicas on Ray behind a router (train/gateway.py);
+3. **trainer** — the model (from the latest checkpoint when resuming), the optimiser
+   state, the KL reference;
+4. **loop** — :func:`~rlgate.train.grpo.grpo_loop`; after each step: trackers (stdout,
+   metrics.jsonl, TensorBoard, W&B, MLflow; Prometheus with ``metrics:``), optional trajectory dump, evaluation every
+   ``eval_every`` steps, checkpoint every ``checkpoint_every`` (keeping the last
+   ``keep_checkpoints``), the hooks;
+5. **end** — final checkpoint, evaluation, reward curve. Ctrl-C (SIGINT) stops the loop,
+   saves a checkpoint of the last completed step and prints where; a second Ctrl-C
+   exits at once.
 
-Checkpoints (model, tokenizer, optimiser, loop state) go to
-``out_dir/checkpoints/step-N``; with ``resume: true`` (default) a rerun continues from
-the latest one, and the gateway is given the checkpoint's weights first. Metrics are
-appended to ``out_dir/metrics.jsonl``. The agent is imported from the config file (your
-own code, on your machine); nothing is imported because of an HTTP request.
+Run directory ``out_dir``: ``config.yaml`` (the full resolved config), ``metrics.jsonl``,
+``evals.jsonl``, ``tensorboard/``, ``checkpoints/step-NNNNNN/`` + ``latest``,
+``reward_curve.png``, ``trajectories/step-NNNNNN.parquet`` (``tracking.trajectories``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
-import os
 import random
-import secrets
 import shutil
+import statistics
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-import yaml
-from pydantic import BaseModel, Field
+import httpx
 
-from rlgate.train.grpo import GRPOConfig
-from rlgate.train.telemetry import MetricsSettings
+from rlgate.client import GatewayClientError
+from rlgate.rollout.errors import RunError
+from rlgate.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from rlgate.train.config import ConfigError, TrainConfig, load_config
+from rlgate.train.loading import load_agent, load_dataset, load_reward_fn, resolve_model
+from rlgate.train.tracking import Trackers, check_tracking
 
-
-class RolloutSettings(BaseModel):
-    group_size: int = Field(default=8, ge=1)
-    concurrency: int = Field(default=64, ge=1)
-    episode_timeout: float = 300.0
-    mode: Literal["inline", "subprocess"] = "inline"
-    export_style: Literal["individual", "concat"] = "individual"
-    discount: float = Field(default=1.0, ge=0.0, le=1.0)
+if TYPE_CHECKING:  # torch is imported only once a run starts (config errors come first, and fast)
+    from rlgate.train.grpo import LoopState, StepResult
 
 
-class GatewaySettings(BaseModel):
-    url: str | None = None  # a running gateway (weights pushed as checkpoints); None: start one here
-    admin_key: str | None = None  # default: $RLGATE_ADMIN_KEY (remote gateway only)
-    sync_dir: str | None = None  # remote: a directory the gateway can read (default out_dir/sync)
-    tool_parser: str | None = "hermes"  # in-process gateway settings
-    reasoning_parser: str | None = None
-    trajectory_mode: Literal["token_exact", "rerender"] = "token_exact"
-    context_length: int | None = None
-    device: str | None = None
+class Hooks:
+    """Override any of these to add to a run (the demo does); each may be sync or async."""
+
+    def on_start(self, run: TrainRun) -> Any:
+        """After the gateway, trainer and runner are up, before the first evaluation."""
+
+    def on_step(self, run: TrainRun, result: StepResult) -> Any:
+        """After each step's trackers, evaluation and checkpoint."""
+
+    def on_end(self, run: TrainRun) -> Any:
+        """After the last step's checkpoint and evaluation (not after an error or Ctrl-C)."""
 
 
-class RaySettings(BaseModel):
-    """Run on a Ray cluster: rollouts as Ray tasks (``rollout.mode`` becomes ``ray``) and, with
-    ``replicas``, the gateway as that many replicas behind a router in this process (each with a
-    local engine on ``replica_num_gpus`` GPUs), weights synced through the router's controller."""
-
-    model_config = {"extra": "forbid"}
-
-    address: str | None = None  # an existing cluster ("auto", HOST:6379); None: start a local one
-    num_cpus: int | None = None  # local cluster only: CPUs it may schedule
-    replicas: int = Field(default=0, ge=0)  # 0: the gateway as configured in `gateway:`
-    replica_num_cpus: float = Field(default=1.0, ge=0)
-    replica_num_gpus: float = Field(default=0.0, ge=0)
-    replica_host: str = "127.0.0.1"  # 0.0.0.0 when replicas run on other nodes
-    episode: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 1})  # each episode's resource request
-    data_dir: str | None = None  # replicas' stores (default out_dir/replicas; must be on each node)
+async def _call(out: Any) -> None:
+    if asyncio.iscoroutine(out):
+        await out
 
 
-class TrainConfig(BaseModel):
-    model: str
-    out_dir: str = "runs/rlgate"
-    dataset: str
-    eval_dataset: str | None = None
-    eval_every: int = 0  # steps; 0: only at the start and the end
-    agent: str  # "package.module:attribute" (a class, instantiated with agent_kwargs, or an object)
-    agent_kwargs: dict[str, Any] = Field(default_factory=dict)
-    steps: int = Field(default=100, ge=0)
-    seed: int = 0
-    checkpoint_every: int = Field(default=10, ge=1)
-    resume: bool = True
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
-    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
-    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
-    ray: RaySettings | None = None
-    metrics: MetricsSettings = Field(default_factory=MetricsSettings)  # Prometheus port / Pushgateway
+@dataclass
+class Prepared:
+    """What a config names, loaded and checked (no model loaded yet)."""
+
+    model: Path
+    data: list[dict[str, Any]]
+    eval_data: list[dict[str, Any]]
+    agent: Any
+    reward_fn: Any
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects key=value, got {item!r}")
-        node = raw
-        parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = _scalar(yaml.safe_load(value))
-    return raw
+def prepare(cfg: TrainConfig, *, need_data: bool = True) -> Prepared:
+    """Check and load everything the config names; :class:`ConfigError` names the first culprit."""
+    model = resolve_model(cfg.model)
+    data = load_dataset(cfg.dataset) if need_data else []
+    eval_data = load_dataset(cfg.eval_dataset, "eval_dataset") if cfg.eval_dataset else []
+    agent = load_agent(cfg.agent, cfg.agent_kwargs)
+    reward_fn = load_reward_fn(cfg.reward, cfg.reward_kwargs) if cfg.reward else None
+    check_tracking(cfg)
+    if cfg.ray is not None:
+        from rlgate.train.gateway import check_ray
+
+        check_ray()
+    return Prepared(model, data, eval_data, agent, reward_fn)
 
 
-def _scalar(v: Any) -> Any:
-    """YAML 1.1 reads ``3e-5`` as a string; numbers written that way are numbers here."""
-    if isinstance(v, str):
-        for cast in (int, float):
-            try:
-                return cast(v)
-            except ValueError:
-                pass
-    return v
+def make_runner(cfg: TrainConfig, client: Any, agent: Any, reward_fn: Any) -> Any:
+    from rlgate.rollout.runner import RolloutRunner
+
+    r = cfg.rollout
+    return RolloutRunner(client, agent, group_size=r.group_size, concurrency=r.concurrency,
+                         episode_timeout=r.episode_timeout, mode="ray" if cfg.ray is not None else r.mode,
+                         export_style=r.export_style, discount=r.discount, reward_fn=reward_fn,
+                         reward_range=r.reward_range, max_consecutive_failures=r.max_consecutive_failures,
+                         ray_options=cfg.ray.episode if cfg.ray is not None else None)
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
-    raw = yaml.safe_load(Path(path).read_text()) or {}
-    return TrainConfig.model_validate(apply_overrides(raw, overrides or []))
+# --------------------------------------------------------------------------- evaluation
 
 
-def load_agent(spec: str, kwargs: dict[str, Any]) -> Any:
-    module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise SystemExit(f"agent must look like 'package.module:Name', got {spec!r}")
-    obj = getattr(importlib.import_module(module_name), attr)
-    return obj(**kwargs) if isinstance(obj, type) else obj
+@dataclass
+class EvalResult:
+    reward_mean: float  # over completed episodes
+    reward_std: float
+    reward_mean_failed_as_zero: float  # failed episodes counted as reward 0
+    episodes: int
+    failed: int
+    items: int
+    samples_per_item: int
+    temperature: float
+    per_item: list[dict[str, Any]] = field(default_factory=list)  # {"index", "rewards": [float | None]}
+
+    def metrics(self) -> dict[str, float]:
+        return {"reward_mean": self.reward_mean, "reward_std": self.reward_std, "failed": float(self.failed),
+                "episodes": float(self.episodes)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-
-def latest_checkpoint(out_dir: Path) -> Path | None:
-    marker = out_dir / "checkpoints" / "latest"
-    if marker.is_file():
-        path = out_dir / "checkpoints" / marker.read_text().strip()
-        if (path / "trainer_state.pt").is_file():
-            return path
-    return None
-
-
-def save_checkpoint(out_dir: Path, trainer: Any, state: Any, tokenizer_dir: Path) -> Path:
-    import torch
-
-    path = out_dir / "checkpoints" / f"step-{state.step:06d}"
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    trainer.model.save_pretrained(tmp)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                 "generation_config.json"):
-        if (tokenizer_dir / name).is_file() and not (tmp / name).exists():
-            shutil.copy(tokenizer_dir / name, tmp / name)
-    torch.save({"optimizer": trainer.optimizer.state_dict(), "step": state.step, "version": state.version,
-                "history": state.history}, tmp / "trainer_state.pt")
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
-    (out_dir / "checkpoints" / "latest").write_text(path.name)
-    return path
+async def evaluate(runner: Any, items: list[dict[str, Any]], *, samples_per_item: int = 1,
+                   temperature: float = 0.0, group_id: str = "eval") -> EvalResult:
+    """Each item played ``samples_per_item`` times with ``data["temperature"] = temperature``."""
+    played = [{**d, "temperature": temperature} for d in items for _ in range(samples_per_item)]
+    episodes = await runner.evaluate(played, group_id=group_id)
+    done = [e.reward for e in episodes if e.ok and e.reward is not None]
+    per_item = [{"index": i, "rewards": [e.reward if e.ok else None
+                                         for e in episodes[i * samples_per_item:(i + 1) * samples_per_item]]}
+                for i in range(len(items))]
+    return EvalResult(
+        reward_mean=statistics.fmean(done), reward_std=statistics.pstdev(done) if len(done) > 1 else 0.0,
+        reward_mean_failed_as_zero=sum(done) / len(episodes), episodes=len(episodes),
+        failed=len(episodes) - len(done), items=len(items), samples_per_item=samples_per_item,
+        temperature=temperature, per_item=per_item)
 
 
 # --------------------------------------------------------------------------- the run
 
 
-async def _train(cfg: TrainConfig) -> dict[str, Any]:
+@dataclass
+class TrainRun:
+    """A run in progress: what hooks see."""
+
+    cfg: TrainConfig
+    out: Path
+    trainer: Any
+    runner: Any
+    client: Any
+    sync: Any
+    state: LoopState
+    trackers: Trackers
+    eval_data: list[dict[str, Any]]
+    tokenizer_dir: Path
+    evals: list[tuple[int, float]] = field(default_factory=list)  # (step, eval reward_mean)
+    last_checkpoint: Path | None = None
+
+    async def evaluate(self, items: list[dict[str, Any]] | None = None, *, samples_per_item: int | None = None,
+                       temperature: float | None = None, record: bool = True) -> EvalResult:
+        """Evaluate now (default: the config's eval dataset and settings); ``record`` logs it and
+        adds it to the curve."""
+        res = await evaluate(self.runner, self.eval_data if items is None else items,
+                             samples_per_item=samples_per_item or self.cfg.eval_samples_per_item,
+                             temperature=self.cfg.eval_temperature if temperature is None else temperature,
+                             group_id=f"eval-s{self.state.step}")
+        if record:
+            self.evals.append((self.state.step, res.reward_mean))
+            self.trackers.log_eval(self.state.step, res.metrics())
+        return res
+
+    def checkpoint(self) -> Path:
+        self.last_checkpoint = save_checkpoint(self.out, self.trainer, self.state, self.tokenizer_dir,
+                                               keep=self.cfg.keep_checkpoints)
+        return self.last_checkpoint
+
+    def plot(self) -> None:
+        if self.cfg.tracking.plot and self.state.history:
+            from rlgate.train.plot import plot_reward_curve
+
+            plot_reward_curve(self.out / "reward_curve.png", self.state.history, self.evals,
+                              title=f"rlgate train — {self.out.name}",
+                              eval_label=f"eval reward (T={self.cfg.eval_temperature:g})")
+
+
+def _prompts(data: list[dict[str, Any]], seed: int, state: LoopState) -> Iterator[tuple[str, dict[str, Any]]]:
+    rng = random.Random(seed + state.step)  # a resumed run does not replay the same order
+    i = 0
+    while True:
+        order = list(range(len(data)))
+        rng.shuffle(order)
+        for j in order:
+            yield f"s{state.step}-g{i}", data[j]
+            i += 1
+
+
+def _trim_jsonl(path: Path, last_step: int) -> None:
+    """Drop lines of steps after ``last_step`` (redone after a resume); a fresh run (0) starts empty."""
+    if not path.is_file():
+        return
+    keep = [line for line in path.read_text().splitlines()
+            if line.strip() and last_step and json.loads(line).get("step", 0) <= last_step]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: bool | None = None
+                       ) -> dict[str, Any]:
+    """Run ``cfg``; returns a summary. ``stdout=False`` silences the per-step lines (the demo draws a bar)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlgate.client import GatewayClient
-    from rlgate.rollout.runner import RolloutRunner
+    from rlgate.train.gateway import open_gateway
     from rlgate.train.grpo import GRPOTrainer, LoopState, grpo_loop
-    from rlgate.train.sync import ColocatedSync, RemoteSync
+    from rlgate.train.telemetry import StepExporter
 
+    hooks = hooks or Hooks()
+    # ------------------------------------------------------------------ 1. prepare
+    prep = prepare(cfg)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    saved_cfg = cfg.model_dump(mode="json")
-    if saved_cfg["gateway"].get("admin_key"):
-        saved_cfg["gateway"]["admin_key"] = "<redacted>"  # keys are never written out
-    (out / "config.yaml").write_text(yaml.safe_dump(saved_cfg, sort_keys=False))
+    (out / "config.yaml").write_text(cfg.to_yaml())
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     ckpt = latest_checkpoint(out) if cfg.resume else None
-    weights = ckpt or Path(cfg.model)
-    model = AutoModelForCausalLM.from_pretrained(weights)
-    # the KL reference is the starting model, also when resuming from a checkpoint
-    ref = AutoModelForCausalLM.from_pretrained(cfg.model) if ckpt is not None and cfg.grpo.kl_coef > 0 else None
-    trainer = GRPOTrainer(model, cfg.grpo, ref_model=ref)
     state = LoopState()
-    if ckpt is not None:
-        saved = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-        trainer.optimizer.load_state_dict(saved["optimizer"])
+    saved = load_trainer_state(ckpt) if ckpt is not None else None
+    if saved is not None:
         state.step, state.history = saved["step"], saved["history"]
-        print(f"resuming from {ckpt} (step {state.step})")
-
-    gateway_registries: tuple[Any, ...] = ()
-    server = engine = cluster = None
-    sync: Any
-    if cfg.ray is not None:
-        from rlgate.cluster.launch import init_ray
-        from rlgate.config import ClusterConfig
-
-        init_ray(ClusterConfig(ray_address=cfg.ray.address, ray_num_cpus=cfg.ray.num_cpus))
-    if cfg.ray is not None and cfg.ray.replicas > 0:
-        cluster, client = _start_cluster(cfg, out)
-        sync = RemoteSync(client, cfg.gateway.sync_dir or out / "sync")
-        if ckpt is not None:
-            await sync.push(trainer.model)
-    elif cfg.gateway.url:
-        admin_key = cfg.gateway.admin_key or os.environ.get("RLGATE_ADMIN_KEY")
-        if not admin_key:
-            raise SystemExit("gateway.url needs gateway.admin_key or $RLGATE_ADMIN_KEY")
-        client = GatewayClient(cfg.gateway.url, admin_key)
-        sync = RemoteSync(client, cfg.gateway.sync_dir or out / "sync")
-        if ckpt is not None:
-            await sync.push(trainer.model)  # the gateway must serve the resumed weights
-    else:
-        from rlgate.config import GatewayConfig
-        from rlgate.engine.local import LocalEngine
-        from rlgate.model import load_tokenizer, stop_token_ids
-        from rlgate.server.app import create_app
-        from rlgate.server.runner import ServerThread
-        from rlgate.store.base import MemoryStore
-
-        admin_key = secrets.token_urlsafe(32)
-        tokenizer = load_tokenizer(cfg.model)
-        engine = LocalEngine(weights, device=cfg.gateway.device)
-        app = create_app(
-            GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
-                          reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
-                          context_length=cfg.gateway.context_length, model_name=Path(cfg.model).name),
-            engine, MemoryStore(), tokenizer, stop_token_ids=stop_token_ids(tokenizer, cfg.model))
-        server = ServerThread(app)
-        client = GatewayClient(server.start(), admin_key)
-        gateway_registries = (app.state.gateway.metrics.registry,)
-        sync = ColocatedSync(engine)
-
-    agent = load_agent(cfg.agent, cfg.agent_kwargs)
-    runner = RolloutRunner(client, agent, group_size=cfg.rollout.group_size, concurrency=cfg.rollout.concurrency,
-                           episode_timeout=cfg.rollout.episode_timeout,
-                           mode="ray" if cfg.ray is not None else cfg.rollout.mode,
-                           ray_options=cfg.ray.episode if cfg.ray is not None else None,
-                           export_style=cfg.rollout.export_style, discount=cfg.rollout.discount)
-    data = read_jsonl(cfg.dataset)
-    eval_data = [{**d, "temperature": 0.0} for d in read_jsonl(cfg.eval_dataset)] if cfg.eval_dataset else []
-
-    async def evaluate() -> float | None:
-        if not eval_data:
-            return None
-        eps = await runner.evaluate(eval_data)
-        return sum(e.reward or 0.0 for e in eps) / len(eps)
-
-    def prompts():
-        rng = random.Random(cfg.seed + state.step)  # a resumed run does not replay the same order
-        i = 0
-        while True:
-            order = list(range(len(data)))
-            rng.shuffle(order)
-            for j in order:
-                yield f"s{state.step}-g{i}", data[j]
-                i += 1
-
-    from rlgate.train.telemetry import StepExporter
-
-    exporter = StepExporter(cfg.metrics, extra_registries=gateway_registries)
-    if exporter.url:
-        print(f"metrics: {exporter.url}")
-    metrics_file = (out / "metrics.jsonl").open("a")
+    for name in ("metrics.jsonl", "evals.jsonl"):
+        _trim_jsonl(out / name, state.step)
+    if state.step == 0:
+        shutil.rmtree(out / "tensorboard", ignore_errors=True)
+        shutil.rmtree(out / "trajectories", ignore_errors=True)
+    # ------------------------------------------------------------------ 2. gateway
+    weights = ckpt or prep.model
+    gw = await open_gateway(cfg, weights, prep.model)
+    trackers = None
+    exporter = None
+    runner = None
     try:
-        state.version = (await client.health())["version"]
-        first_eval = await evaluate()
-        if first_eval is not None:
-            print(f"eval accuracy at step {state.step}: {first_eval:.3f}")
+        # -------------------------------------------------------------- 3. trainer
+        try:
+            model = AutoModelForCausalLM.from_pretrained(weights)
+            # the KL reference is the starting model, also when resuming from a checkpoint
+            ref = (AutoModelForCausalLM.from_pretrained(prep.model)
+                   if ckpt is not None and cfg.grpo.kl_coef > 0 else None)
+        except Exception as exc:  # noqa: BLE001 - name the checkpoint, not transformers' internals
+            raise RunError(f"model: cannot load {weights}: {type(exc).__name__}: {exc}") from None
+        trainer = GRPOTrainer(model, cfg.grpo, ref_model=ref)
+        if saved is not None:
+            trainer.optimizer.load_state_dict(saved["optimizer"])
+            print(f"resuming from {ckpt} (step {state.step})", flush=True)
+            if gw.remote:
+                await gw.sync.push(trainer.model)  # the remote gateway must serve the resumed weights
+        runner = make_runner(cfg, gw.client, prep.agent, prep.reward_fn)
+        trackers = Trackers(cfg, out, cfg.steps, stdout=stdout, start_step=state.step)
+        exporter = StepExporter(cfg.metrics, extra_registries=gw.registries)
+        if exporter.url and stdout is not False:
+            print(f"metrics: {exporter.url}", flush=True)
+        run = TrainRun(cfg, out, trainer, runner, gw.client, gw.sync, state, trackers, prep.eval_data, prep.model)
+        run.last_checkpoint = ckpt
+        state.version = (await gw.client.health())["version"]
+        await _call(hooks.on_start(run))
+        # -------------------------------------------------------------- 4. loop
+        first_eval = (await run.evaluate()).reward_mean if run.eval_data else None
 
-        async def on_step(st: LoopState, m: dict[str, float]) -> None:
-            if cfg.eval_every and st.step % cfg.eval_every == 0:
-                accuracy = await evaluate()
-                if accuracy is not None:
-                    m["eval_accuracy"] = accuracy
-            metrics_file.write(json.dumps(m) + "\n")
-            metrics_file.flush()
-            await exporter.step(st.step, m, st.version)
-            print(f"step {st.step}: reward {m['reward']:.3f} loss {m['loss']:.4f} "
-                  f"({m['rollout_s']:.1f} s rollout, {m['train_s']:.1f} s train)")
+        async def on_step(st: LoopState, result: StepResult) -> None:
+            trackers.log(st.step, result.metrics)
+            if cfg.tracking.trajectories:
+                from rlgate.trajectory.export import write_parquet
+
+                (out / "trajectories").mkdir(exist_ok=True)
+                write_parquet(result.samples, out / "trajectories" / f"step-{st.step:06d}.parquet")
+            if cfg.eval_every and st.step % cfg.eval_every == 0 and st.step < cfg.steps and run.eval_data:
+                await run.evaluate()
             if st.step % cfg.checkpoint_every == 0:
-                save_checkpoint(out, trainer, st, Path(cfg.model))
+                run.checkpoint()
+                run.plot()
+            await _call(hooks.on_step(run, result))
+            last_eval = {"eval_reward": run.evals[-1][1]} if run.evals else {}
+            await exporter.step(st.step, {**result.metrics, **last_eval}, st.version)  # Prometheus (`metrics:`)
 
         remaining = max(0, cfg.steps - state.step)
-        state = await grpo_loop(trainer=trainer, runner=runner, sync=sync, prompts=prompts(), steps=remaining,
-                                state=state, on_step=on_step)
-        save_checkpoint(out, trainer, state, Path(cfg.model))
-        final_eval = await evaluate()
-        return {"steps": state.step, "version": state.version, "eval_start": first_eval, "eval_end": final_eval}
+        try:
+            await grpo_loop(trainer=trainer, runner=runner, sync=gw.sync,
+                            prompts=_prompts(prep.data, cfg.seed, state), steps=remaining, state=state,
+                            on_step=on_step)
+        except asyncio.CancelledError:  # Ctrl-C: keep what was learned
+            _save_on_interrupt(run)
+            raise
+        # -------------------------------------------------------------- 5. end
+        if run.last_checkpoint is None or run.last_checkpoint.name != f"step-{state.step:06d}":
+            run.checkpoint()
+        final_eval = (await run.evaluate()).reward_mean if run.eval_data and remaining else first_eval
+        run.plot()
+        await _call(hooks.on_end(run))
+        return {"steps": state.step, "version": state.version, "eval_start": first_eval, "eval_end": final_eval,
+                "checkpoint": str(run.last_checkpoint), "out_dir": str(out)}
     finally:
-        metrics_file.close()
-        exporter.close()
-        await runner.aclose()
-        await client.aclose()
-        if server is not None:
-            server.stop()
-        if cluster is not None:
-            cluster.stop()
+        if trackers is not None:
+            trackers.close()
+        if exporter is not None:
+            exporter.close()
+        if runner is not None:
+            await runner.aclose()
+        await gw.close()
 
 
-def _start_cluster(cfg: TrainConfig, out: Path) -> tuple[Any, Any]:
-    """Gateway replicas with local engines on Ray, a router in this process; (cluster, client)."""
-    from rlgate.client import GatewayClient
-    from rlgate.cluster.engines import LocalEngineSpec
-    from rlgate.cluster.launch import Cluster
-    from rlgate.cluster.replica import ReplicaSpec
-    from rlgate.config import ClusterConfig, GatewayConfig
-
-    assert cfg.ray is not None
-    admin_key = secrets.token_urlsafe(32)
-    model = str(Path(cfg.model).resolve())
-    spec = ReplicaSpec(
-        model=model,
-        config=GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
-                             reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
-                             context_length=cfg.gateway.context_length, model_name=Path(cfg.model).name),
-        engine=LocalEngineSpec(model, device=cfg.gateway.device), host=cfg.ray.replica_host,
-        data_dir=str(Path(cfg.ray.data_dir or out / "replicas").resolve()))
-    cluster = Cluster(spec, ClusterConfig(replicas=cfg.ray.replicas, ray_address=cfg.ray.address,
-                                          replica_num_cpus=cfg.ray.replica_num_cpus,
-                                          replica_num_gpus=cfg.ray.replica_num_gpus,
-                                          replica_host=cfg.ray.replica_host))
-    cluster.start()
-    return cluster, GatewayClient(cluster.start_router(), admin_key)
+def _save_on_interrupt(run: TrainRun) -> None:
+    if run.state.step and (run.last_checkpoint is None or run.last_checkpoint.name != f"step-{run.state.step:06d}"):
+        path = run.checkpoint()
+        print(f"\ninterrupted: step {run.state.step} saved to {path}; run the same command again to resume",
+              flush=True)
+    elif run.last_checkpoint is not None:
+        print(f"\ninterrupted: no step since {run.last_checkpoint}; run the same command again to resume", flush=True)
+    else:
+        print("\ninterrupted before the first step: nothing to save", flush=True)
 
 
-def run_training(config_path: str, overrides: list[str] | None = None) -> int:
-    cfg = load_config(config_path, overrides)
-    result = asyncio.run(_train(cfg))
-    print(json.dumps(result))
+def report_error(exc: BaseException, command: str = "train") -> int:
+    """Print one clear message for a run that cannot go on; the exit code."""
+    print(f"rlgate {command}: error: {exc}", file=sys.stderr, flush=True)
+    return 2 if isinstance(exc, ConfigError) else 1
+
+
+def train_command(config_path: str, overrides: list[str] | None = None, *, port: int | None = None) -> int:
+    """The ``rlgate train`` command: 0 done, 1 the run failed, 2 the config is invalid, 130 Ctrl-C."""
+    try:
+        cfg = load_config(config_path, overrides)
+        if port is not None:
+            cfg.gateway.port = port
+        result = asyncio.run(run_training(cfg))
+    except RunError as exc:
+        return report_error(exc)
+    except GatewayClientError as exc:  # the gateway refused a control call mid-run (e.g. it restarted)
+        return report_error(RunError(f"the gateway refused a call: {exc}"))
+    except httpx.HTTPError as exc:  # ... or went away
+        return report_error(RunError(f"lost the gateway: {type(exc).__name__}: {exc}"))
+    except KeyboardInterrupt:
+        return 130
+    print(f"done: step {result['steps']}, checkpoint {result['checkpoint']}; "
+          f"metrics in {Path(result['out_dir']) / 'metrics.jsonl'}", flush=True)
+    print(json.dumps(result), flush=True)
     return 0

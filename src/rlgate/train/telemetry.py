@@ -13,19 +13,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, push_to_gateway
-from pydantic import BaseModel, Field
 
 from rlgate.metrics.training import TrainingMetrics
 from rlgate.server.metrics_http import MetricsServer
+from rlgate.train.config import MetricsSettings
 
 log = logging.getLogger("rlgate.train")
 
-
-class MetricsSettings(BaseModel):
-    port: int | None = Field(default=None, description="serve GET /metrics on this port (0: any free port)")
-    host: str = Field(default="127.0.0.1", description="address of that bind")
-    pushgateway: str | None = Field(default=None, description="Pushgateway URL to push to after every step")
-    job: str = Field(default="rlgate-train", description="Pushgateway job name")
+__all__ = ["MetricsSettings", "StepExporter"]
 
 
 class StepExporter:

@@ -41,6 +41,9 @@ class Interaction:
     created_at: float = field(default_factory=time.time)
     completed_at: float | None = None
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature etc. (for trainers)
+    # The client's "store" flag. The call is recorded either way; False only means a later
+    # request cannot name it with previous_response_id (the Responses API's semantics).
+    client_store: bool = True
 
     @property
     def completed(self) -> bool:

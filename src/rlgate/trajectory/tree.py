@@ -9,9 +9,19 @@ arguments. Among all such P the longest wins; ties go to the most recently compl
 Lookups use a rolling digest of the message list, so finding the parent costs
 O(number of messages) hash operations and one dict lookup per prefix length.
 
+Lineage (conversations across forks)
+------------------------------------
+The token tree above breaks where a request forks (edited history, other tools, a template
+that could not be bridged). Lineage joins the pieces by *messages*: a parentless interaction's
+lineage parent is the completed interaction whose messages + reply are the longest prefix of
+its messages, whatever the tools or template arguments (ties: the latest). An interaction with
+a token parent has it as its lineage parent. The roots of the lineage forest are the session's
+conversations; rewards are discounted along lineage, so a later turn's reward reaches earlier
+turns across a fork. Lineage is computed only when a session has more than one token root.
+
 Discount
 --------
-Each rewarded interaction passes its reward up to every ancestor, multiplied by γ per
+Each rewarded interaction passes its reward up to every ancestor (lineage), multiplied by γ per
 step; an interaction's discounted reward is its own reward plus everything its
 descendants passed up (``None`` if neither it nor any descendant has a reward). On a
 single chain this is the original's backward recursion ``c = c·γ + r``:
@@ -20,6 +30,8 @@ modified; every export computes the discount afresh.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from rlgate.chat.conversation import DigestChain, Message
 from rlgate.trajectory.interaction import Interaction, Session
@@ -77,9 +89,48 @@ def children_map(interactions: list[Interaction]) -> dict[str, list[Interaction]
     return out
 
 
-def discounted_rewards(interactions: list[Interaction], gamma: float) -> dict[str, float | None]:
-    """Tree-aware discount over completed interactions (see module docstring)."""
-    kids = children_map(interactions)
+def lineage_parents(interactions: list[Interaction]) -> dict[str, str | None]:
+    """Each completed interaction's lineage parent (see module docstring); creation order in."""
+    ids = {i.id for i in interactions}
+    out: dict[str, str | None] = {
+        i.id: i.parent_id if i.parent_id is not None and i.parent_id in ids else None for i in interactions
+    }
+    if sum(1 for v in out.values() if v is None) < 2:
+        return out
+    memo: dict[Any, bytes] = {}
+    covers: dict[str, str] = {}  # digest of messages + reply (no context) -> latest earlier interaction
+    for i in interactions:
+        chain = DigestChain("", memo)
+        prefixes: list[str] = []
+        for m in i.messages:
+            chain.add(m)
+            prefixes.append(chain.hexdigest())
+        if out[i.id] is None:
+            out[i.id] = next((covers[d] for d in reversed(prefixes) if d in covers), None)
+        if i.output_message is not None:
+            covers[chain.add(i.output_message).hexdigest()] = i.id
+    return out
+
+
+def conversation_ids(parents: dict[str, str | None]) -> dict[str, str]:
+    """Each interaction's conversation: the id of its lineage root."""
+    out: dict[str, str] = {}
+    for iid in parents:  # creation order: a parent is resolved before its children
+        p = parents[iid]
+        out[iid] = out.get(p, p) if p is not None else iid
+    return out
+
+
+def discounted_rewards(
+    interactions: list[Interaction], gamma: float, parents: dict[str, str | None] | None = None
+) -> dict[str, float | None]:
+    """Discount over completed interactions along ``parents`` (default: lineage; see module docstring)."""
+    parents = lineage_parents(interactions) if parents is None else parents
+    kids: dict[str, list[Interaction]] = {i.id: [] for i in interactions}
+    for i in interactions:
+        p = parents.get(i.id)
+        if p is not None and p in kids:
+            kids[p].append(i)
     memo: dict[str, float | None] = {}
 
     def value(i: Interaction) -> float | None:

@@ -57,7 +57,7 @@ def episode(s: Session, only: set[str] | None = None) -> Episode:
         stats = {"failed": sum(1 for i in interactions if i.status == "failed")}
     step = s.metadata.get("step")
     ep = Episode(id=s.id, task_id=s.task_id, group=group_of(s), step=int(step) if isinstance(step, int) else None,
-                 status=_status(s), turns=[turn_from_row(r, s.id) for r in samples], failed_turns=stats["failed"])
+                 status=_status(s), turns=[turn_from_row(r.to_dict(), s.id) for r in samples], failed_turns=stats["failed"])
     return ep
 
 

@@ -137,7 +137,9 @@ SystemContent = Annotated[
 
 
 class MessageParam(_Open):
-    role: Literal["user", "assistant"]
+    # "system": a mid-conversation system message (Anthropic's placement rules are checked in
+    # serving: right after a user message, then an assistant message or the end; text only).
+    role: Literal["user", "assistant", "system"]
     content: MessageContent
 
 
@@ -211,7 +213,6 @@ class MessageCreateRequest(_Open):
     # ---- rlgate extensions ----------------------------------------------------
     seed: int | None = None  # per-request sampling seed (same seed + same prompt -> same tokens)
     chat_template_kwargs: dict[str, Any] | None = None  # passed to the chat template
-    store: bool | None = None  # False: serve but record nothing
 
 
 class CountTokensRequest(_Open):
@@ -233,6 +234,6 @@ IGNORED_PARAMS = ("container", "mcp_servers", "metadata", "service_tier", "think
 # Fields of a create request that count_tokens accepts without complaint: a client may
 # send the very same body to both routes.
 COUNT_TOKENS_ALSO_ACCEPTS = (
-    "max_tokens", "stream", "stop_sequences", "temperature", "top_k", "top_p", "seed", "store", "metadata",
+    "max_tokens", "stream", "stop_sequences", "temperature", "top_k", "top_p", "seed", "metadata",
     "service_tier", "container",
 )

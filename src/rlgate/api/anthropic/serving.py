@@ -4,6 +4,10 @@ Request conversion (Anthropic -> rlgate's internal conversation)
 -----------------------------------------------------------------
 * ``system`` (string or text blocks) -> one leading ``system`` message; the blocks'
   texts are concatenated verbatim (as text parts of any message are).
+* a ``{"role": "system"}`` entry of ``messages`` (a mid-conversation system message) ->
+  a ``system`` message at its place, rendered as the chat template renders system text;
+  Anthropic's placement rules are enforced (not first, right after a user message, then
+  an assistant message or the end).
 * ``text`` -> text part; ``image`` -> :class:`ImagePart` (base64 data + media type,
   or a URL that is kept as a reference and never fetched).
 * assistant ``tool_use`` -> :class:`ToolCall` (arguments = ``json.dumps(input)``);
@@ -49,6 +53,7 @@ from rlgate.api.anthropic.protocol import (
     ToolUseBlockParam,
 )
 from rlgate.api.common import extra_fields, sse, tool_spec
+from rlgate.api.keepalive import KeepAlive, with_keepalive
 from rlgate.api.normalize import Sampling, chat_request
 from rlgate.api.streaming import guard_stream
 from rlgate.chat.conversation import ContentPart, ImagePart, Message, TextPart, ToolCall, ToolSpec
@@ -149,6 +154,25 @@ def convert_system(body: MessageCreateRequest | CountTokensRequest) -> Message |
     return Message(role="system", content=parts) if parts else None
 
 
+def _mid_conversation_system(messages: list[MessageParam], i: int) -> Message:
+    """A mid-conversation system message, checked against Anthropic's placement rules: not
+    first, right after a user message, followed by an assistant message or nothing; text only."""
+    where = f"messages[{i}]"
+    if i == 0:
+        raise InvalidRequest(f"{where}: a system message cannot be the first message; put the system prompt in "
+                             "the top-level system field", param=f"{where}.role")
+    if messages[i - 1].role != "user":
+        raise InvalidRequest(f"{where}: a system message in messages must come right after a user message",
+                             param=f"{where}.role")
+    if i + 1 < len(messages) and messages[i + 1].role != "assistant":
+        raise InvalidRequest(f"{where}: a system message in messages must be the last message or be followed by "
+                             "an assistant message", param=f"{where}.role")
+    for j, b in enumerate(messages[i].content):
+        if not isinstance(b, TextBlockParam):
+            raise InvalidRequest(f"{where}: a system message can only contain text blocks", param=f"{where}.content[{j}]")
+    return Message(role="system", content=_parts(messages[i].content))  # type: ignore[arg-type]
+
+
 def convert_messages(body: MessageCreateRequest | CountTokensRequest) -> list[Message]:
     """``messages`` (without ``system``) as rlgate's conversation."""
     out: list[Message] = []
@@ -156,6 +180,8 @@ def convert_messages(body: MessageCreateRequest | CountTokensRequest) -> list[Me
     for i, m in enumerate(body.messages):
         if m.role == "user":
             out += _convert_user(m, i, calls)
+        elif m.role == "system":
+            out.append(_mid_conversation_system(body.messages, i))
         else:
             out.append(_convert_assistant(m, i, calls))
     return out
@@ -196,7 +222,7 @@ def to_chat_request(body: MessageCreateRequest | CountTokensRequest) -> ChatRequ
     sampling = Sampling()
     if isinstance(body, MessageCreateRequest):
         sampling = Sampling(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
-                            top_k=body.top_k, seed=body.seed, stop=body.stop_sequences, store=body.store)
+                            top_k=body.top_k, seed=body.seed, stop=body.stop_sequences)
     return chat_request(convert_messages(body), convert_tools(body.tools), _tool_choice(body), sampling,
                         system=convert_system(body), template_kwargs=body.chat_template_kwargs)
 
@@ -326,8 +352,10 @@ async def stream_events(service: GenerationService, prepared: Prepared, model: s
         yield sse({"type": "message_start", "message": start}, event="message_start")
         yield sse({"type": "ping"}, event="ping")
         builder = BlockBuilder()
-        async for ev in service.run(prepared):
-            if isinstance(ev, Finished):
+        async for ev in with_keepalive(service.run(prepared), service.config.stream_keepalive_interval):
+            if isinstance(ev, KeepAlive):
+                yield sse({"type": "ping"}, event="ping")
+            elif isinstance(ev, Finished):
                 for name, data in builder.close():
                     yield sse(data, event=name)
                 reason, sequence = stop_reason(ev)

@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from rlgate.api.common import extra_fields, sse, tool_spec
+from rlgate.api.keepalive import KeepAlive, with_keepalive
 from rlgate.api.normalize import Sampling, chat_request, openai_tool_choice
 from rlgate.api.openai_chat.protocol import IGNORED_PARAMS, ChatCompletionRequest, ChatMessageParam
 from rlgate.api.streaming import guard_stream
@@ -136,8 +137,10 @@ async def stream_chunks(
 
     async def frames() -> AsyncGenerator[bytes, None]:
         yield chunk({"role": "assistant", "content": ""})
-        async for ev in service.run(prepared):
-            if isinstance(ev, ContentDelta):
+        async for ev in with_keepalive(service.run(prepared), service.config.stream_keepalive_interval):
+            if isinstance(ev, KeepAlive):
+                yield b": keepalive\n\n"  # an SSE comment: keeps the connection alive, ignored by parsers
+            elif isinstance(ev, ContentDelta):
                 yield chunk({"content": ev.text})
             elif isinstance(ev, ReasoningDelta):
                 yield chunk({"reasoning_content": ev.text})

@@ -19,20 +19,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlgate.api.common import extra_fields, tool_spec
+from rlgate.api.common import extra_fields
 from rlgate.api.normalize import Sampling, chat_request, openai_tool_choice
 from rlgate.api.openai_chat.serving import parse_image_url
 from rlgate.api.openai_responses.protocol import (
     IGNORED_PARAMS,
     REFUSED_PARAMS,
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     InputImagePart,
+    LocalShellCallItem,
+    LocalShellCallOutputItem,
     MessageItem,
     ReasoningItem,
     RefusalPart,
     ResponseCreateRequest,
 )
+from rlgate.api.openai_responses.tools import ResponseTools, custom_call, local_shell_call, response_tools
 from rlgate.chat.conversation import ContentPart, Message, TextPart, ToolCall
 from rlgate.core.request import ChatRequest
 from rlgate.errors import InvalidRequest
@@ -67,8 +72,11 @@ def _reasoning_text(item: ReasoningItem) -> str:
     return "\n\n".join(s.text for s in item.summary)
 
 
-def convert_input(items: list[Any], history: list[Message] | None = None) -> list[Message]:
-    """Input items -> messages, appended to ``history`` (the previous response's conversation)."""
+def convert_input(items: list[Any], history: list[Message] | None = None,
+                  tools: ResponseTools | None = None) -> list[Message]:
+    """Input items -> messages, appended to ``history`` (the previous response's conversation).
+    ``tools`` maps echoed namespace / custom / local shell calls back to the model's calls."""
+    tools = tools or ResponseTools()
     messages = list(history or [])
     calls = {tc.id: tc.name for m in messages for tc in m.tool_calls}  # call_id -> function name
     open_turn = False  # the last message is an assistant turn that function_call items extend
@@ -88,27 +96,34 @@ def convert_input(items: list[Any], history: list[Message] | None = None) -> lis
                 messages.append(Message(role="user" if item.role == "user" else "system", content=parts))
                 open_turn = False
             reasoning = None  # reasoning not followed by an assistant turn is dropped
-        elif isinstance(item, FunctionCallItem):
-            call = ToolCall(item.call_id, item.name, item.arguments)
+        elif isinstance(item, (FunctionCallItem, CustomToolCallItem, LocalShellCallItem)):
+            if isinstance(item, FunctionCallItem):
+                call = ToolCall(item.call_id, tools.model_name(item.name, item.namespace), item.arguments)
+            elif isinstance(item, CustomToolCallItem):
+                call = custom_call(tools, item.call_id, item.name, item.namespace, item.input)
+            else:
+                call = local_shell_call(item.call_id, item.action)
             if open_turn:
                 messages[-1].tool_calls.append(call)
             else:
                 messages.append(Message(role="assistant", tool_calls=[call], reasoning=reasoning or None))
                 open_turn = True
             reasoning = None
-            calls[item.call_id] = item.name
-        elif isinstance(item, FunctionCallOutputItem):
-            if item.call_id not in calls:
+            calls[item.call_id] = call.name
+        elif isinstance(item, (FunctionCallOutputItem, CustomToolCallOutputItem, LocalShellCallOutputItem)):
+            shell = isinstance(item, LocalShellCallOutputItem)
+            call_id = item.id if shell else item.call_id  # type: ignore[union-attr]
+            if call_id not in calls:
                 raise InvalidRequest(
-                    f"{where}: no function_call with call_id {item.call_id!r} comes before this "
-                    "function_call_output",
-                    param=f"{where}.call_id",
+                    f"{where}: no {item.type.removesuffix('_output')} with call_id {call_id!r} comes before "
+                    f"this {item.type}",
+                    param=f"{where}.{'id' if shell else 'call_id'}",
                 )
             messages.append(Message(
                 role="tool",
                 content=_content(item.output, f"{where}.output"),
-                tool_call_id=item.call_id,
-                name=calls[item.call_id],
+                tool_call_id=call_id,
+                name=calls[call_id],
             ))
             open_turn = False
             reasoning = None
@@ -120,7 +135,7 @@ def convert_input(items: list[Any], history: list[Message] | None = None) -> lis
 def previous_conversation(session: Session, response_id: str) -> list[Message]:
     """The request messages of a stored response of this session, plus its reply."""
     prev = session.interactions.get(response_id)
-    if prev is None or not prev.completed or prev.output_message is None:
+    if prev is None or not prev.completed or prev.output_message is None or not prev.client_store:
         raise InvalidRequest(
             f"previous response {response_id!r} not found: previous_response_id must name a completed "
             "response of this session that was stored (store not false)",
@@ -130,7 +145,10 @@ def previous_conversation(session: Session, response_id: str) -> list[Message]:
     return [*prev.messages, prev.output_message]
 
 
-def to_chat_request(body: ResponseCreateRequest, session: Session) -> ChatRequest:
+def to_chat_request(body: ResponseCreateRequest, session: Session, tools: ResponseTools | None = None
+                    ) -> ChatRequest:
+    """``tools``: :func:`~rlgate.api.openai_responses.tools.response_tools` of ``body.tools``."""
+    tools = tools if tools is not None else response_tools(body.tools)
     for name, why in REFUSED_PARAMS.items():
         if getattr(body, name) is not None:
             raise InvalidRequest(why, param=name)
@@ -149,18 +167,17 @@ def to_chat_request(body: ResponseCreateRequest, session: Session) -> ChatReques
         else:
             history.insert(0, system)
     items = [MessageItem(role="user", content=body.input)] if isinstance(body.input, str) else body.input
-    messages = convert_input(items, history)
-    tools = [tool_spec(t.name, t.description, t.parameters, f"tools[{i}].parameters")
-             for i, t in enumerate(body.tools or [])]
+    messages = convert_input(items, history, tools)
     sampling = Sampling(max_tokens=body.max_output_tokens, max_total_tokens=body.max_total_tokens,
                         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
                         store=body.store)
-    return chat_request(messages, tools, openai_tool_choice(body.tool_choice, nested=False), sampling,
+    return chat_request(messages, tools.specs, openai_tool_choice(body.tool_choice, nested=False), sampling,
                         template_kwargs=body.chat_template_kwargs, messages_param="input")
 
 
-def ignored_params(body: ResponseCreateRequest) -> list[str]:
+def ignored_params(body: ResponseCreateRequest, tools: ResponseTools | None = None) -> list[str]:
     names = [n for n in IGNORED_PARAMS if getattr(body, n) is not None]
+    names += (tools if tools is not None else response_tools(body.tools)).ignored  # hosted tools
     if body.parallel_tool_calls is False:  # the model may still make several calls
         names.append("parallel_tool_calls")
     if body.truncation == "auto":  # rlgate never truncates; a too-long prompt is a 400
@@ -174,7 +191,7 @@ def ignored_params(body: ResponseCreateRequest) -> list[str]:
             names.append("text.verbosity")
     if body.tool_choice == "required" or isinstance(body.tool_choice, dict):
         names.append("tool_choice")  # the reply is parsed for calls, but the model is not forced to call
-    if any(t.strict for t in body.tools or []):
+    if any(getattr(t, "strict", None) for t in body.tools or []):
         names.append("tools.strict")  # arguments are not constrained to the schema
     names += [f"include:{inc}" for inc in body.include or []]
     return sorted(set(names + extra_fields(body)))

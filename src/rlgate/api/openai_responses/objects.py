@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlgate.api.openai_responses.protocol import ResponseCreateRequest
+from rlgate.api.openai_responses.tools import ResponseTools, call_item, response_tools
 from rlgate.chat.conversation import ToolCall
 from rlgate.chat.output import ToolCallDelta
 from rlgate.core.generation import Finished, GenerationService
@@ -24,7 +25,6 @@ __all__ = [
     "ResponseContext",
     "context",
     "final_response",
-    "function_call_item",
     "message_item",
     "new_id",
     "output_items",
@@ -45,21 +45,18 @@ class ResponseContext:
     """What a response echoes from its request, fixed when the request arrives."""
 
     echo: dict[str, Any]
+    tools: ResponseTools = field(default_factory=ResponseTools)  # how calls become output items
     created_at: int = field(default_factory=lambda: int(time.time()))
 
 
-def _tools_echo(body: ResponseCreateRequest) -> list[dict[str, Any]]:
-    return [{"type": "function", "name": t.name, "description": t.description,
-             "parameters": t.parameters if t.parameters is not None else {"type": "object", "properties": {}},
-             "strict": t.strict} for t in body.tools or []]
-
-
-def context(body: ResponseCreateRequest, chat: ChatRequest, model: str) -> ResponseContext:
+def context(body: ResponseCreateRequest, chat: ChatRequest, model: str, tools: ResponseTools | None = None
+            ) -> ResponseContext:
     """The echo of ``body``, with the sampling values the request got (``chat``)."""
+    tools = tools if tools is not None else response_tools(body.tools)
     text: dict[str, Any] = {"format": (body.text.format if body.text and body.text.format else {"type": "text"})}
     if body.text is not None and body.text.verbosity is not None:
         text["verbosity"] = body.text.verbosity
-    return ResponseContext(echo={
+    return ResponseContext(tools=tools, echo={
         "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens,
         "model": model,
@@ -71,7 +68,7 @@ def context(body: ResponseCreateRequest, chat: ChatRequest, model: str) -> Respo
         "temperature": chat.temperature,
         "text": text,
         "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
-        "tools": _tools_echo(body),
+        "tools": tools.echo,
         "top_p": chat.top_p,
         "truncation": body.truncation or "disabled",
         "user": body.user,
@@ -121,7 +118,9 @@ def response_json(
 def usage_json(service: GenerationService, f: Finished) -> dict[str, Any]:
     # Reasoning tokens are counted by re-encoding the reasoning text (the markup and the
     # exact token split are not tracked per token); never more than the output.
-    reasoning_tokens = min(len(service.renderer.encode(f.reasoning)), f.completion_tokens) if f.reasoning else 0
+    reasoning_tokens = 0
+    if f.reasoning:
+        reasoning_tokens = min(len(service.tokenizer.encode(f.reasoning, add_special_tokens=False)), f.completion_tokens)
     return {
         "input_tokens": f.prompt_tokens,
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
@@ -153,12 +152,6 @@ def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
             "content": [] if text is None else [output_text_part(text)]}
 
 
-def function_call_item(item_id: str, call: ToolCall | ToolCallDelta, status: str, *, arguments: bool = True
-                       ) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id, "name": call.name,
-            "arguments": call.arguments if arguments else ""}
-
-
 @dataclass
 class ItemIds:
     """Ids of a response's output items (the same in the streamed events and the final object)."""
@@ -174,7 +167,8 @@ class ItemIds:
 
 
 def output_items(
-    reasoning: str, content: str, calls: Sequence[ToolCall | ToolCallDelta], finish_reason: str, ids: ItemIds
+    reasoning: str, content: str, calls: Sequence[ToolCall | ToolCallDelta], finish_reason: str, ids: ItemIds,
+    tools: ResponseTools,
 ) -> list[dict[str, Any]]:
     cut = finish_reason in ("length", "abort")
     items: list[dict[str, Any]] = []
@@ -184,7 +178,7 @@ def output_items(
     if content:
         items.append(message_item(ids.message, content, "incomplete" if cut else "completed"))
     for i, call in enumerate(calls):
-        items.append(function_call_item(ids.call(i), call, "completed"))
+        items.append(call_item(tools, ids.call(i), call, "completed"))
     return items
 
 

@@ -7,7 +7,8 @@ message" form). Item and content-part types rlgate cannot serve (``item_referenc
 400 naming the type, before anything is generated.
 
 Fields rlgate does not act on are accepted and reported (log + the
-``x-rlgate-ignored-params`` response header), never silently dropped; a few that
+``x-rlgate-ignored-params`` response header), never silently dropped; so are tools of
+types rlgate cannot serve (hosted tools: ``web_search``, ``file_search``...). A few that
 would change the meaning of the request in ways rlgate cannot honour (``background``,
 ``conversation``, ``prompt``) are refused with a 400. rlgate's own extensions are in a
 marked block at the end of :class:`ResponseCreateRequest`.
@@ -109,6 +110,7 @@ class FunctionCallItem(_Open):
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     arguments: str
+    namespace: str | None = None  # the namespace tool the function belongs to
     id: str | None = None
     status: str | None = None
 
@@ -120,6 +122,44 @@ class FunctionCallOutputItem(_Open):
     call_id: str = Field(min_length=1)
     output: _text_or(FunctionOutputPart, "content parts")  # type: ignore[valid-type]
     id: str | None = None
+    status: str | None = None
+
+
+class CustomToolCallItem(_Open):
+    """A call of a custom (free-form input) tool, echoed back."""
+
+    type: Literal["custom_tool_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: str
+    namespace: str | None = None
+    id: str | None = None
+    status: str | None = None
+
+
+class CustomToolCallOutputItem(_Open):
+    type: Literal["custom_tool_call_output"]
+    call_id: str = Field(min_length=1)
+    output: _text_or(FunctionOutputPart, "content parts")  # type: ignore[valid-type]
+    id: str | None = None
+
+
+class LocalShellCallItem(_Open):
+    """A ``local_shell`` call, echoed back; ``action`` is ``{"type": "exec", "command": [...], ...}``."""
+
+    type: Literal["local_shell_call"]
+    call_id: str = Field(min_length=1)
+    action: dict[str, Any]
+    id: str | None = None
+    status: str | None = None
+
+
+class LocalShellCallOutputItem(_Open):
+    """The output of a ``local_shell`` call; ``id`` names the call (its call_id)."""
+
+    type: Literal["local_shell_call_output"]
+    id: str = Field(min_length=1)
+    output: str
     status: str | None = None
 
 
@@ -148,10 +188,15 @@ InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
+    | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
+    | Annotated[LocalShellCallItem, Tag("local_shell_call")]
+    | Annotated[LocalShellCallOutputItem, Tag("local_shell_call_output")]
     | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_tag),
 ]
-ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+ITEM_TYPES = ("message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
+              "local_shell_call", "local_shell_call_output", "reasoning")
 _PART_TAGS = {"input_text", "output_text", "input_image", "refusal"}
 _ITEM = TypeAdapter(InputItem)
 
@@ -208,6 +253,64 @@ class FunctionToolParam(_Open):
     strict: bool | None = None
 
 
+class CustomToolParam(_Open):
+    """A tool whose input is free text (optionally described by a grammar), not JSON."""
+
+    type: Literal["custom"]
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    format: dict[str, Any] | None = None  # {"type": "text"} | {"type": "grammar", "syntax", "definition"}
+
+
+NamespaceMember = Annotated[
+    Annotated[FunctionToolParam, Tag("function")] | Annotated[CustomToolParam, Tag("custom")],
+    Discriminator(_tag, custom_error_type="unsupported_tool",
+                  custom_error_message="a namespace holds function and custom tools only"),
+]
+
+
+class NamespaceToolParam(_Open):
+    """Function / custom tools grouped under a name; calls name the namespace."""
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    tools: list[NamespaceMember]
+
+
+class LocalShellToolParam(_Open):
+    """The model runs shell commands through the client (``local_shell_call`` items)."""
+
+    type: Literal["local_shell"]
+
+
+class OtherToolParam(_Open):
+    """A tool rlgate cannot serve (hosted tools such as ``web_search``, ``file_search``,
+    ``code_interpreter``, ``mcp``...): accepted, not shown to the model, reported."""
+
+    type: str
+
+
+SERVED_TOOL_TYPES = ("function", "custom", "namespace", "local_shell")
+
+
+def _tool_tag(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if not isinstance(kind, str):
+        return None
+    return kind if kind in SERVED_TOOL_TYPES else "other"
+
+
+ToolParam = Annotated[
+    Annotated[FunctionToolParam, Tag("function")]
+    | Annotated[CustomToolParam, Tag("custom")]
+    | Annotated[NamespaceToolParam, Tag("namespace")]
+    | Annotated[LocalShellToolParam, Tag("local_shell")]
+    | Annotated[OtherToolParam, Tag("other")],
+    Discriminator(_tool_tag, custom_error_type="invalid_tool", custom_error_message="a tool needs a 'type'"),
+]
+
+
 class ReasoningParam(_Open):
     effort: str | None = None
     summary: str | None = None
@@ -244,7 +347,7 @@ class ResponseCreateRequest(_Open):
     temperature: float | None = Field(default=None, ge=0)
     text: TextConfigParam | None = None
     tool_choice: str | dict[str, Any] | None = None
-    tools: list[FunctionToolParam] | None = None
+    tools: list[ToolParam] | None = None
     top_logprobs: int | None = None
     top_p: float | None = Field(default=None, gt=0, le=1)
     truncation: Literal["auto", "disabled"] | None = None
@@ -262,18 +365,6 @@ class ResponseCreateRequest(_Open):
             raise PydanticCustomError("invalid_input", "input must be a string or a list of input items")
         return validate_items(value)
 
-    @field_validator("tools", mode="before")
-    @classmethod
-    def _function_tools_only(cls, tools: Any) -> Any:
-        for i, tool in enumerate(tools if isinstance(tools, list) else []):
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            if isinstance(kind, str) and kind != "function":
-                raise PydanticCustomError(
-                    "unsupported_tool",
-                    f"tools[{i}]: tool type {kind!r} is not supported; rlgate serves function tools only "
-                    "(hosted tools such as web_search or file_search need OpenAI's servers)",
-                )
-        return tools
 
 
 # Parameters accepted for compatibility but without effect (reported, not silent).

@@ -9,7 +9,9 @@ from rlgate.api.auth import session_from_request
 from rlgate.api.common import parse_model, read_json, report_ignored
 from rlgate.api.openai_responses import convert, objects, serving
 from rlgate.api.openai_responses.protocol import ResponseCreateRequest
+from rlgate.api.openai_responses.tools import response_tools
 from rlgate.api.openapi import body_schema
+from rlgate.errors import ContextLengthExceeded
 
 router = APIRouter()
 BODY_MODELS = [ResponseCreateRequest]  # documented in the OpenAPI schema
@@ -21,11 +23,18 @@ async def create_response(request: Request):
     gw = request.app.state.gateway
     session = session_from_request(request)
     body = parse_model(ResponseCreateRequest, await read_json(request))
-    chat = convert.to_chat_request(body, session)
-    headers = report_ignored("responses", convert.ignored_params(body))
-    prepared = gw.generation.prepare(session, chat, api="responses", id_prefix=serving.ID_PREFIX,
-                                     call_id=serving.new_call_id)
-    ctx = objects.context(body, chat, body.model or gw.config.model_name)
+    tools = response_tools(body.tools)
+    chat = convert.to_chat_request(body, session, tools)
+    headers = report_ignored("responses", convert.ignored_params(body, tools))
+    ctx = objects.context(body, chat, body.model or gw.config.model_name, tools)
+    try:
+        prepared = gw.generation.prepare(session, chat, api="responses", id_prefix=serving.ID_PREFIX,
+                                         call_id=serving.new_call_id)
+    except ContextLengthExceeded as exc:
+        if not body.stream:
+            raise
+        return StreamingResponse(serving.failed_stream(ctx, exc), media_type="text/event-stream",
+                                 headers={**headers, "cache-control": "no-cache"})
     if body.stream:
         return StreamingResponse(
             serving.stream_events(gw.generation, prepared, ctx),

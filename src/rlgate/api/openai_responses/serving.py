@@ -14,21 +14,23 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from rlgate.api.common import sse
+from rlgate.api.keepalive import KeepAlive, with_keepalive
 from rlgate.api.openai_responses.objects import (
     ItemIds,
     ResponseContext,
     final_response,
-    function_call_item,
     message_item,
+    new_id,
     output_items,
     output_text_part,
     reasoning_item,
     response_json,
 )
+from rlgate.api.openai_responses.tools import ResponseTools, call_item
 from rlgate.api.streaming import guard_stream
 from rlgate.chat.output import ContentDelta, OutputEvent, ReasoningDelta, ToolCallDelta, openai_call_id
 from rlgate.core.generation import Finished, GenerationService, Prepared
-from rlgate.errors import GatewayError
+from rlgate.errors import ContextLengthExceeded, GatewayError
 
 __all__ = ["ID_PREFIX", "ItemBuilder", "complete", "new_call_id", "stream_events"]
 
@@ -51,7 +53,8 @@ class ItemBuilder:
     function calls (announced once the text is complete, see the module docstring).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tools: ResponseTools) -> None:
+        self.tools = tools
         self.ids = ItemIds()
         self.done: list[dict[str, Any]] = []  # output items finished so far (for response.failed)
         self.reasoning = ""
@@ -138,32 +141,53 @@ class ItemBuilder:
             ]
         for i, call in enumerate(self.calls):
             index, item_id = self._open(), self.ids.call(i)
-            item = function_call_item(item_id, call, "completed")
+            item = call_item(self.tools, item_id, call, "completed")  # function / custom / local shell call
             self.done.append(item)
             where = {"item_id": item_id, "output_index": index}
-            events += [
-                ("response.output_item.added", {"output_index": index,
-                                                "item": function_call_item(item_id, call, "in_progress",
-                                                                           arguments=False)}),
-                ("response.function_call_arguments.delta", {**where, "delta": call.arguments}),
-                ("response.function_call_arguments.done", {**where, "arguments": call.arguments}),
-                ("response.output_item.done", {"output_index": index, "item": item}),
-            ]
+            events.append(("response.output_item.added", {
+                "output_index": index, "item": call_item(self.tools, item_id, call, "in_progress", complete=False)}))
+            if item["type"] == "function_call":
+                events += [("response.function_call_arguments.delta", {**where, "delta": item["arguments"]}),
+                           ("response.function_call_arguments.done", {**where, "arguments": item["arguments"]})]
+            elif item["type"] == "custom_tool_call":
+                events += [("response.custom_tool_call_input.delta", {**where, "delta": item["input"]}),
+                           ("response.custom_tool_call_input.done", {**where, "input": item["input"]})]
+            events.append(("response.output_item.done", {"output_index": index, "item": item}))
         return events
 
     def items(self, finish_reason: str) -> list[dict[str, Any]]:
         """The response's output items (as :func:`~.objects.output_items` builds them)."""
-        return output_items(self.reasoning, self.content, self.calls, finish_reason, self.ids)
+        return output_items(self.reasoning, self.content, self.calls, finish_reason, self.ids, self.tools)
 
 
 async def complete(service: GenerationService, prepared: Prepared, ctx: ResponseContext) -> dict[str, Any]:
     f = await service.complete(prepared)
     return final_response(service, ctx, f, output_items(f.reasoning, f.content, f.tool_calls, f.finish_reason,
-                                                        ItemIds()))
+                                                        ItemIds(), ctx.tools))
 
 
 def _failure_code(exc: GatewayError) -> str:
+    if isinstance(exc, ContextLengthExceeded):
+        return exc.code or "context_length_exceeded"
     return "rate_limit_exceeded" if exc.status == 429 else "server_error"
+
+
+async def failed_stream(ctx: ResponseContext, exc: GatewayError) -> AsyncIterator[bytes]:
+    """A stream that fails before generating: what a streamed request gets for a prompt that does
+    not fit. Codex reads ``response.failed`` with ``error.code == "context_length_exceeded"`` as
+    "context window exceeded" (and compacts); a 400 before the stream would be a fatal error to it."""
+    seq = itertools.count()
+    rid = new_id(ID_PREFIX)
+
+    def event(kind: str, fields: dict[str, Any]) -> bytes:
+        return sse({"type": kind, "sequence_number": next(seq), **fields}, event=kind)
+
+    start = response_json(ctx, rid, status="in_progress", output=[])
+    yield event("response.created", {"response": start})
+    yield event("response.in_progress", {"response": start})
+    yield event("error", {"code": exc.code or exc.openai_type, "message": exc.message, "param": exc.param})
+    yield event("response.failed", {"response": response_json(
+        ctx, rid, status="failed", output=[], error={"code": _failure_code(exc), "message": exc.message})})
 
 
 async def stream_events(service: GenerationService, prepared: Prepared, ctx: ResponseContext
@@ -172,7 +196,7 @@ async def stream_events(service: GenerationService, prepared: Prepared, ctx: Res
     failure, an ``error`` and a ``response.failed`` event end the stream (api/streaming.py)."""
     seq = itertools.count()
     rid = prepared.interaction_id
-    builder = ItemBuilder()
+    builder = ItemBuilder(ctx.tools)
 
     def event(kind: str, fields: dict[str, Any]) -> bytes:
         return sse({"type": kind, "sequence_number": next(seq), **fields}, event=kind)
@@ -181,8 +205,10 @@ async def stream_events(service: GenerationService, prepared: Prepared, ctx: Res
         start = response_json(ctx, rid, status="in_progress", output=[])
         yield event("response.created", {"response": start})
         yield event("response.in_progress", {"response": start})
-        async for ev in service.run(prepared):
-            if isinstance(ev, Finished):
+        async for ev in with_keepalive(service.run(prepared), service.config.stream_keepalive_interval):
+            if isinstance(ev, KeepAlive):  # the Responses API has no ping event: repeat the lifecycle event
+                yield event("response.in_progress", {"response": start})
+            elif isinstance(ev, Finished):
                 for kind, fields in builder.finish(ev.finish_reason):
                     yield event(kind, fields)
                 final = final_response(service, ctx, ev, builder.items(ev.finish_reason))

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from rlgate.chat.parsers import hermes, llama3_json, think  # noqa: F401  (registration)
+from rlgate.chat.parsers import (  # noqa: F401  (registration)
+    deepseek_v3,
+    glm45,
+    harmony,
+    hermes,
+    kimi_k2,
+    llama3_json,
+    qwen3_xml,
+    think,
+)
 from rlgate.chat.parsers.base import (
     ContentText,
     ParsedToolCall,

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 
@@ -45,9 +46,12 @@ class ToolParser(ABC):
     ``markers``: strings that open a call in this format. A block the parser cannot parse
     stays in the reply text, so :meth:`unparsed_blocks` counting them in the final text
     counts the failures (the silent-failure guards in :mod:`rlgate.metrics` use it).
+    ``schemas`` (tool name -> JSON schema of its parameters, set by :func:`get_tool_parser`)
+    lets formats that write argument values as bare text (XML-style) type them.
     """
 
     markers: ClassVar[tuple[str, ...]] = ()
+    schemas: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
 
     @classmethod
     def unparsed_blocks(cls, text: str) -> int:
@@ -62,7 +66,12 @@ class ToolParser(ABC):
 
 
 class ReasoningParser(ABC):
-    """Splits generated text into reasoning and content, incrementally."""
+    """Splits generated text into reasoning and content, incrementally.
+
+    Subclasses take ``starts_in_reasoning`` (the prompt already opened the reasoning block)."""
+
+    def __init__(self, starts_in_reasoning: bool = False) -> None:
+        self.starts_in_reasoning = starts_in_reasoning
 
     @abstractmethod
     def feed(self, text: str) -> list[ReasoningEvent]: ...
@@ -101,11 +110,15 @@ def reasoning_parser_names() -> list[str]:
     return sorted(_REASONING_PARSERS)
 
 
-def get_tool_parser(name: str) -> ToolParser:
+def get_tool_parser(name: str, schemas: Mapping[str, Mapping[str, Any]] | None = None) -> ToolParser:
+    """A fresh parser; ``schemas``: the offered tools' parameter schemas by tool name."""
     try:
-        return _TOOL_PARSERS[name]()
+        parser = _TOOL_PARSERS[name]()
     except KeyError:
         raise ValueError(f"unknown tool parser {name!r}; known: {tool_parser_names()}") from None
+    if schemas:
+        parser.schemas = MappingProxyType(dict(schemas))
+    return parser
 
 
 def unparsed_tool_blocks(text: str, parser: str | None = None) -> int:
@@ -118,11 +131,13 @@ def unparsed_tool_blocks(text: str, parser: str | None = None) -> int:
     return max((cls.unparsed_blocks(text) for cls in set(_TOOL_PARSERS.values())), default=0)
 
 
-def get_reasoning_parser(name: str) -> ReasoningParser:
+def get_reasoning_parser(name: str, *, starts_in_reasoning: bool = False) -> ReasoningParser:
+    """A fresh parser; ``starts_in_reasoning``: the prompt already opened the reasoning block."""
     try:
-        return _REASONING_PARSERS[name]()
+        cls = _REASONING_PARSERS[name]
     except KeyError:
         raise ValueError(f"unknown reasoning parser {name!r}; known: {reasoning_parser_names()}") from None
+    return cls(starts_in_reasoning=starts_in_reasoning)
 
 
 def partial_suffix_len(buf: str, marker: str) -> int:

@@ -277,6 +277,7 @@ class RemoteEngine(StreamingEngineMixin):
             raise EngineError("the engine is shutting down", status=503, code="engine_unavailable")
         await self.ensure_ready()
         self._validate(request)
+        retried = False
         while True:
             b = self.pool.route(request.session_id)
             start_version = self.pool.version
@@ -284,10 +285,15 @@ class RemoteEngine(StreamingEngineMixin):
             b.served += 1
             sent = False
             try:
-                async for delta in self._stream_from(b, request, start_version):
+                async for delta in self._stream_from(b, request, start_version, retry_stale=not retried):
                     sent = True
                     yield delta
                 return
+            except _StaleConnection:
+                # A pooled keep-alive connection the backend had just closed: the request never
+                # reached it (no response started). Sent again once, on a fresh connection.
+                retried = True
+                continue
             except BackendUnreachable:
                 # Nothing reached the backend: with failover="move" the request (and its session)
                 # moves to another backend; route() raises 503 once none is left.
@@ -296,12 +302,14 @@ class RemoteEngine(StreamingEngineMixin):
             finally:
                 b.in_flight -= 1
 
-    async def _stream_from(self, b: Backend, request: GenerateRequest, start_version: int
-                           ) -> AsyncGenerator[TokenDelta, None]:
+    async def _stream_from(self, b: Backend, request: GenerateRequest, start_version: int,
+                           retry_stale: bool = False) -> AsyncGenerator[TokenDelta, None]:
         st = StreamState(request, b)
+        responded = False
         try:
             async with self.pool.client(b).stream("POST", self.generate_path, json=self.payload(b, request),
                                                   headers=self._headers_for(request)) as resp:
+                responded = True
                 if resp.status_code != 200:
                     await resp.aread()
                     raise self._http_error(b, resp)
@@ -359,6 +367,9 @@ class RemoteEngine(StreamingEngineMixin):
             raise EngineError(f"{self.kind} backend {b.url} sent nothing for {self.pool.timeout.read:g} s "
                               f"after {len(st.ids)} tokens", status=504, code="backend_timeout") from exc
         except httpx.HTTPError as exc:  # reset, peer closed mid-body, protocol violations
+            if retry_stale and not responded and isinstance(exc, (httpx.ReadError, httpx.WriteError,
+                                                                   httpx.RemoteProtocolError)):
+                raise _StaleConnection from exc
             if st.finished:
                 return  # the last event was already passed on; only the trailer was lost
             if self._closed:  # the gateway is shutting down: like the local engine, abort (keep the tokens)
@@ -402,3 +413,7 @@ class RemoteEngine(StreamingEngineMixin):
             return EngineError(f"{where} refused the request (HTTP {code}): {text}", status=400,
                                code="context_length_exceeded" if ctx else "invalid_request")
         return EngineError(f"{where} failed (HTTP {code}): {text}", status=502, code="backend_error")
+
+
+class _StaleConnection(Exception):
+    """The backend closed a reused connection before any response: safe to send the request again."""

@@ -35,6 +35,7 @@ log = logging.getLogger("rlgate.engine.remote")
 Failover = Literal["fail", "move"]
 
 POOL_SHARD = 16  # connections per httpx pool (see BackendPool.client)
+KEEPALIVE_S = 3.0  # idle connections kept this long (below the 5 s uvicorn default of SGLang and vLLM)
 MAX_AFFINITY = 200_000  # pinned sessions remembered (least recently used are forgotten)
 
 
@@ -78,7 +79,9 @@ class BackendPool:
         if not b.clients or b.loop is not loop:
             n = max(1, -(-self.max_connections // POOL_SHARD))
             per = max(1, -(-self.max_connections // n))
-            limits = httpx.Limits(max_connections=per, max_keepalive_connections=per)
+            # Idle connections are dropped before the backend's own keep-alive timeout (uvicorn's
+            # default, used by SGLang and vLLM, is 5 s) so a request rarely lands on one it is closing.
+            limits = httpx.Limits(max_connections=per, max_keepalive_connections=per, keepalive_expiry=KEEPALIVE_S)
             b.clients = [httpx.AsyncClient(base_url=b.url, timeout=self.timeout, limits=limits,
                                            headers=self.headers, transport=self.transport) for _ in range(n)]
             b.loop = loop

@@ -117,7 +117,7 @@ class RowCodec:
         return (i.id, self._seq, key_text(i.session_id, "session id"), i.api, i.parent_id, i.relation,
                 i.fork_reason, i.context_key, base.id if base is not None else None, prompt_base_len,
                 encode_ints(i.prompt_ids[prompt_base_len:]), messages_skip, messages_json(i.messages[messages_skip:]),
-                tools, to_json(i.sampling), i.created_at)
+                tools, to_json(i.sampling), int(i.client_store), i.created_at)
 
     # ------------------------------------------------------------------ decode
 
@@ -183,5 +183,5 @@ class RowCodec:
             output_versions=decode_ints(r["output_versions"]), finish_reason=r["finish_reason"],
             stop_kind=r["stop_kind"], output_message=out_msg, reward=r["reward"], status=r["status"],
             error=r["error"], created_at=r["created_at"], completed_at=r["completed_at"],
-            sampling=json.loads(r["sampling"]),
+            sampling=json.loads(r["sampling"]), client_store=bool(r["client_store"]),
         )

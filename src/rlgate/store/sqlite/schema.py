@@ -19,7 +19,7 @@ __all__ = [
     "init_db",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: interactions.client_store
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -55,6 +55,7 @@ CREATE TABLE IF NOT EXISTS interactions (
     messages        TEXT NOT NULL,       -- JSON list (OpenAI chat form): the remaining messages
     tools           TEXT,                -- JSON list; NULL: same as base's
     sampling        TEXT NOT NULL,       -- JSON object
+    client_store    INTEGER NOT NULL DEFAULT 1,  -- 0: the client sent store=false (not referenceable)
     status          TEXT NOT NULL,       -- pending | completed | failed
     output_ids      BLOB NOT NULL,       -- int32 LE
     output_logprobs BLOB NOT NULL,       -- float64 LE
@@ -73,7 +74,8 @@ CREATE INDEX IF NOT EXISTS interactions_by_session ON interactions (session_id);
 SESSION_COLS = ("id", "task_id", "key_hash", "mode", "status", "created_at", "last_active", "ended_at",
                  "exported_at", "metadata")
 STATIC_COLS = ("id", "seq", "session_id", "api", "parent_id", "relation", "fork_reason", "context_key", "base_id",
-                "prompt_base_len", "prompt_ids", "messages_skip", "messages", "tools", "sampling", "created_at")
+                "prompt_base_len", "prompt_ids", "messages_skip", "messages", "tools", "sampling",
+                "client_store", "created_at")
 DYNAMIC_COLS = ("prefix_key", "status", "output_ids", "output_logprobs", "output_versions", "finish_reason",
                  "stop_kind", "output_message", "reward", "error", "completed_at")
 
@@ -103,4 +105,6 @@ def init_db(conn: sqlite3.Connection, path: Path) -> None:
     c.execute(f"PRAGMA journal_size_limit={16 * 1024 * 1024}")  # WAL truncated to this when it restarts
     c.execute("PRAGMA busy_timeout=5000")
     c.executescript(SCHEMA)
+    if 0 < version < 2:  # a version-1 store: add the column (its rows were all stored)
+        c.execute("ALTER TABLE interactions ADD COLUMN client_store INTEGER NOT NULL DEFAULT 1")
     c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

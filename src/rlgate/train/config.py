@@ -1,0 +1,381 @@
+"""``TrainConfig``: everything ``rlgate train`` / ``check`` / ``eval`` read, validated before any work.
+
+Read from YAML with ``--set key=value`` overrides (dotted keys, YAML values). Strict:
+
+* an unknown key anywhere (YAML or ``--set``) is an error that names it and suggests the
+  closest valid key, also across sections (``lr`` -> ``grpo.lr``) and from other
+  trainers' vocabularies (``learning_rate`` -> ``grpo.lr``, ``num_generations`` ->
+  ``rollout.group_size``);
+* types and ranges are checked up front, all errors reported at once;
+* the saved ``out_dir/config.yaml`` is the full resolved config (every default written out).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rlgate.rollout.errors import RunError
+
+
+class ConfigError(RunError):
+    """The configuration is invalid; the message lists every problem."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GRPOConfig(_Strict):
+    """Optimisation hyper-parameters (rollout settings live in the runner). Unknown keys are errors."""
+
+    lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate (constant)")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="gradient clipping (global L2 norm)")
+    clip_low: float = Field(default=0.2, gt=0, lt=1, description="PPO clip: ratio >= 1 - clip_low")
+    clip_high: float | None = Field(default=None, gt=0, description="ratio <= 1 + clip_high (None: = clip_low)")
+    importance_cap: float = Field(default=5.0, ge=1, description="max off-policy weight pi_prox / pi_behav")
+    kl_coef: float = Field(default=0.0, ge=0, description="> 0: k3 KL to a frozen copy of the start")
+    scale_adv_by_std: bool = Field(default=False, description="divide advantages by the group std")
+    micro_batch_size: int = Field(default=16, ge=1, description="samples per forward/backward")
+    minibatches: int = Field(default=1, ge=1, description="optimiser updates per batch")
+    groups_per_step: int = Field(default=8, ge=1, description="kept groups per step")
+    max_staleness: int = Field(default=0, ge=0, description="versions an episode may lag; 0 = on-policy")
+    max_dropped_groups_in_a_row: int = Field(
+        default=64, ge=0, description="that many dropped groups in a row stop the run (0: never)")
+    pad_token_id: int = Field(default=0, ge=0, description="padding id for batching")
+    device: str | None = Field(default=None, description="trainer device; None: cuda if available else cpu")
+
+
+class DatasetSource(_Strict):
+    """Where prompts come from. A plain string is the ``path``."""
+
+    path: str = Field(description="JSONL (.jsonl/.json), Parquet (.parquet), or a directory written by "
+                      "datasets' save_to_disk")
+    split: str | None = Field(default=None, description="split of a saved DatasetDict (default: its only split, "
+                              "else 'train')")
+    limit: int | None = Field(default=None, ge=1, description="use only the first N items")
+
+
+class RolloutSettings(_Strict):
+    group_size: int = Field(default=8, description="episodes per prompt (the GRPO group); at least 2")
+    concurrency: int = Field(default=64, ge=1, description="episodes in flight at once")
+    episode_timeout: float = Field(default=300.0, gt=0, description="seconds before an episode is failed")
+    mode: Literal["inline", "subprocess"] = Field(default="inline", description="where agent.run executes "
+                                                  "(a `ray:` section makes it a Ray task per episode)")
+    export_style: Literal["individual", "concat"] = Field(default="individual", description="sample layout")
+    discount: float = Field(default=1.0, ge=0.0, le=1.0, description="reward discount up the conversation tree")
+    max_consecutive_failures: int = Field(
+        default=32, ge=0, description="that many failed episodes in a row (e.g. the first N) stop the run; 0: never")
+    reward_range: tuple[float, float] | None = Field(
+        default=None, description="[low, high]: a reward outside stops the run (None: any finite float)")
+
+    @field_validator("group_size")
+    @classmethod
+    def _group(cls, v: int) -> int:
+        if v < 2:
+            raise ValueError(f"is {v}; GRPO compares episodes within a group, so a group needs at least 2")
+        return v
+
+    @field_validator("reward_range")
+    @classmethod
+    def _range(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not v[0] < v[1]:
+            raise ValueError(f"[{v[0]}, {v[1]}] is empty; write [low, high] with low < high")
+        return v
+
+
+class GatewaySettings(_Strict):
+    url: str | None = Field(default=None, description="a running gateway (weights pushed as checkpoints); "
+                            "None: start one in this process")
+    admin_key: str | None = Field(default=None, description="remote gateway's admin key (default: $RLGATE_ADMIN_KEY)")
+    sync_dir: str | None = Field(default=None, description="remote: a directory the gateway can read "
+                                 "(default out_dir/sync)")
+    sync_keep: int = Field(default=2, ge=1, description="remote: weight pushes kept in sync_dir")
+    port: int | None = Field(default=None, ge=0, le=65535, description="in-process gateway's port on 127.0.0.1 "
+                             "(None or 0: a free one)")
+    tool_parser: str | None = Field(default="hermes", description="in-process: tool-call parser (None: off)")
+    reasoning_parser: str | None = Field(default=None, description="in-process: reasoning parser, e.g. 'think'")
+    trajectory_mode: Literal["token_exact", "rerender"] = Field(default="token_exact", description="in-process")
+    context_length: int | None = Field(default=None, ge=1, description="in-process: None: the model's; raise it "
+                                       "to serve long agent prompts (RoPE)")
+    max_tokens_cap: int | None = Field(default=None, ge=1, description="in-process: hard cap on generated tokens "
+                                       "per call (agents ask for 32k+)")
+    device: str | None = Field(default=None, description="in-process engine's device (None: cuda if available)")
+
+
+class RaySettings(_Strict):
+    """Run on a Ray cluster (the ``cluster`` extra): every episode a Ray task (rollout mode ``ray``)
+    and, with ``replicas``, the gateway as that many replicas behind a router in this process (each
+    with a local engine), weights synced through the router's controller."""
+
+    address: str | None = Field(default=None, description="an existing cluster ('auto', HOST:6379); "
+                                "None: start a local one")
+    num_cpus: int | None = Field(default=None, ge=1, description="local cluster only: CPUs it may schedule")
+    replicas: int = Field(default=0, ge=0, description="gateway replicas on Ray (0: the gateway as in `gateway:`)")
+    replica_num_cpus: float = Field(default=1.0, ge=0, description="CPUs Ray reserves for each replica")
+    replica_num_gpus: float = Field(default=0.0, ge=0, description="GPUs Ray reserves for each replica")
+    replica_host: str = Field(default="127.0.0.1", description="interface each replica binds; 0.0.0.0 when "
+                              "replicas run on other nodes")
+    episode: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 1},
+                                    description="each episode's Ray resource request, e.g. {num_cpus: 1}")
+    data_dir: str | None = Field(default=None, description="replicas' stores (default out_dir/replicas; "
+                                 "must exist on each node)")
+
+
+class MetricsSettings(_Strict):
+    """Per-step training metrics for Prometheus (train/telemetry.py)."""
+
+    port: int | None = Field(default=None, ge=0, le=65535, description="serve GET /metrics on this port "
+                             "(0: any free port; with the in-process gateway, its metrics too)")
+    host: str = Field(default="127.0.0.1", description="address of that bind")
+    pushgateway: str | None = Field(default=None, description="Pushgateway URL to push to after every step")
+    job: str = Field(default="rlgate-train", description="Pushgateway job name")
+
+
+class TrackingSettings(_Strict):
+    stdout: bool = Field(default=True, description="one line per step on stdout")
+    tensorboard: bool = Field(default=True, description="event files in out_dir/tensorboard")
+    wandb: bool = Field(default=False, description="log to Weights & Biases (needs `pip install wandb`)")
+    wandb_project: str = Field(default="rlgate", description="W&B project")
+    mlflow: bool = Field(default=False, description="log to MLflow (needs `pip install mlflow-skinny`)")
+    mlflow_tracking_uri: str | None = Field(default=None, description="None: MLflow's default ($MLFLOW_TRACKING_URI)")
+    mlflow_experiment: str = Field(default="rlgate", description="MLflow experiment name")
+    run_name: str | None = Field(default=None, description="W&B / MLflow run name (default: out_dir's name)")
+    trajectories: bool = Field(default=False, description="write each step's samples to "
+                               "out_dir/trajectories/step-NNNNNN.parquet")
+    plot: bool = Field(default=True, description="write out_dir/reward_curve.png")
+
+
+class TrainConfig(_Strict):
+    model: str = Field(description="Hugging Face checkpoint directory (weights + tokenizer)")
+    out_dir: str = Field(default="runs/rlgate", description="checkpoints, metrics, logs")
+    dataset: DatasetSource = Field(description="training prompts; each item is the agent's `data`")
+    eval_dataset: DatasetSource | None = Field(default=None, description="held-out items for evaluation")
+    eval_every: int = Field(default=0, ge=0, description="steps between evaluations (0: only start and end)")
+    eval_samples_per_item: int = Field(default=1, ge=1, description="episodes per evaluation item")
+    eval_temperature: float = Field(default=0.0, ge=0, description="added to each eval item as data['temperature']")
+    agent: str = Field(description="'module:attr' — a class (built with agent_kwargs), an object with run(), or "
+                       "an async function with run's signature; imported from the current directory too")
+    agent_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the agent class")
+    reward: str | None = Field(default=None, description="'module:fn' scoring each finished episode (then the "
+                               "agent's return value is not its reward)")
+    reward_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments if reward is a class")
+    steps: int = Field(default=100, ge=0, description="total GRPO steps, including resumed ones")
+    seed: int = Field(default=0, description="torch seed and prompt order")
+    checkpoint_every: int = Field(default=10, ge=1, description="steps between checkpoints")
+    keep_checkpoints: int = Field(default=3, ge=0, description="checkpoints kept (oldest deleted first; 0: all)")
+    resume: bool = Field(default=True, description="continue from out_dir's latest checkpoint")
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    ray: RaySettings | None = Field(default=None, description="run rollouts (and, with replicas, the gateway) "
+                                    "on Ray; None: no Ray")
+
+    @field_validator("dataset", "eval_dataset", mode="before")
+    @classmethod
+    def _path_only(cls, v: Any) -> Any:
+        return {"path": v} if isinstance(v, (str, Path)) else v
+
+    @field_validator("agent", "reward")
+    @classmethod
+    def _spec(cls, v: str | None) -> str | None:
+        if v is not None and (v.count(":") != 1 or not all(v.split(":"))):
+            raise ValueError(f"{v!r} must look like 'package.module:Name'")
+        return v
+
+    @property
+    def replicas(self) -> int:
+        """Gateway replicas on Ray (0: one gateway, in this process or at gateway.url)."""
+        return self.ray.replicas if self.ray is not None else 0
+
+    @model_validator(mode="after")
+    def _remote_only(self) -> TrainConfig:
+        if self.replicas and self.gateway.url is not None:
+            raise ValueError("ray.replicas starts the gateway as replicas on Ray; it does not combine with "
+                             "gateway.url (a running gateway): set one of them")
+        if self.gateway.url is None and self.gateway.admin_key:
+            raise ValueError("gateway.admin_key only applies with gateway.url (a remote gateway)")
+        if self.gateway.url is None and not self.replicas and self.gateway.sync_dir:
+            raise ValueError("gateway.sync_dir only applies with gateway.url (a remote gateway) or ray.replicas")
+        return self
+
+    def to_yaml(self) -> str:
+        """The full resolved config, keys redacted (written to out_dir/config.yaml)."""
+        data = self.model_dump(mode="json")
+        if data["gateway"].get("admin_key"):
+            data["gateway"]["admin_key"] = "<redacted>"  # keys are never written out
+        return yaml.safe_dump(data, sort_keys=False)
+
+
+# --------------------------------------------------------------------------- strict keys
+
+# Names other trainers (TRL, verl, OpenRLHF...) use, mapped to ours.
+SYNONYMS = {
+    "learning_rate": "grpo.lr", "learningrate": "grpo.lr", "lr_rate": "grpo.lr",
+    "num_generations": "rollout.group_size", "n_samples": "rollout.group_size", "n": "rollout.group_size",
+    "rollout_n": "rollout.group_size", "num_samples": "rollout.group_size",
+    "beta": "grpo.kl_coef", "kl_beta": "grpo.kl_coef", "kl": "grpo.kl_coef", "init_kl_coef": "grpo.kl_coef",
+    "epsilon": "grpo.clip_low", "clip_range": "grpo.clip_low", "clip_ratio": "grpo.clip_low",
+    "max_steps": "steps", "total_steps": "steps", "num_steps": "steps", "total_training_steps": "steps",
+    "output_dir": "out_dir", "model_name_or_path": "model", "model_path": "model",
+    "train_dataset": "dataset", "train_files": "dataset", "data": "dataset", "eval_steps": "eval_every",
+    "val_files": "eval_dataset", "save_steps": "checkpoint_every", "save_total_limit": "keep_checkpoints",
+    "batch_size": "grpo.groups_per_step", "per_device_train_batch_size": "grpo.micro_batch_size",
+    "gradient_accumulation_steps": "grpo.micro_batch_size", "max_grad_norm": "grpo.max_grad_norm",
+    "report_to": "tracking", "logging": "tracking", "log": "tracking", "temperature": "eval_temperature",
+}
+
+
+def _model_fields(model: type[BaseModel]) -> dict[str, type[BaseModel] | None]:
+    """Field name -> nested strict model (None for leaves)."""
+    out: dict[str, type[BaseModel] | None] = {}
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        nested = None
+        for cand in (ann, *getattr(ann, "__args__", ())):
+            if isinstance(cand, type) and issubclass(cand, BaseModel):
+                nested = cand
+        out[name] = nested
+    return out
+
+
+def all_keys(model: type[BaseModel] = TrainConfig, prefix: str = "") -> list[str]:
+    keys = []
+    for name, nested in _model_fields(model).items():
+        keys.append(prefix + name)
+        if nested is not None and nested is not DatasetSource:
+            keys += all_keys(nested, prefix + name + ".")
+    return keys
+
+
+def suggest(key: str, section: str = "") -> str | None:
+    """The valid key closest to ``key`` (dotted, as written under ``section``)."""
+    leaf = key.rsplit(".", 1)[-1].lower()
+    valid = all_keys()
+    if leaf in SYNONYMS:
+        return SYNONYMS[leaf]
+    full = f"{section}.{key}" if section else key
+    close = difflib.get_close_matches(full, valid, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    # the same leaf name in another section (lr -> grpo.lr)
+    same = [k for k in valid if k.rsplit(".", 1)[-1] == leaf]
+    if same:
+        return same[0]
+    close = difflib.get_close_matches(leaf, [k.rsplit(".", 1)[-1] for k in valid], n=1, cutoff=0.75)
+    if close:
+        return next(k for k in valid if k.rsplit(".", 1)[-1] == close[0])
+    return None
+
+
+def unknown_keys(raw: Any, model: type[BaseModel] = TrainConfig, prefix: str = "") -> list[str]:
+    """Dotted keys in ``raw`` that ``model`` does not have (recursing into nested sections)."""
+    if not isinstance(raw, dict):
+        return []
+    fields = _model_fields(model)
+    bad = []
+    for key, value in raw.items():
+        if key not in fields:
+            bad.append(prefix + str(key))
+        elif fields[key] is not None and isinstance(value, dict):
+            bad += unknown_keys(value, fields[key], prefix + key + ".")  # type: ignore[arg-type]
+    return bad
+
+
+def _unknown_message(key: str, where: str) -> str:
+    section = key.rsplit(".", 1)[0] if "." in key else ""
+    hint = suggest(key.rsplit(".", 1)[-1], section)
+    return f"{key}: unknown key{where}" + (f"; did you mean {hint}?" if hint else "")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set expects key=value, got {item!r}")
+    return key.split("."), _scalar(yaml.safe_load(value))
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = raw
+        for p in parts[:-1]:
+            if not isinstance(node.get(p), dict):
+                node[p] = {} if node.get(p) is None else node[p]
+            node = node[p]
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item}: {'.'.join(parts[:-1])} is not a section")
+        node[parts[-1]] = value
+    return raw
+
+
+def _scalar(v: Any) -> Any:
+    """YAML 1.1 reads ``3e-5`` as a string; numbers written that way are numbers here."""
+    if isinstance(v, str):
+        for cast in (int, float):
+            try:
+                return cast(v)
+            except ValueError:
+                pass
+    return v
+
+
+def _format_validation(exc: ValidationError) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            lines.append(f"{loc}: required, not set")
+        elif err["type"] == "extra_forbidden":
+            lines.append(_unknown_message(loc, ""))
+        elif err["type"] == "value_error":
+            lines.append(f"{loc or 'config'}: {msg}")
+        else:
+            lines.append(f"{loc or 'config'}: {msg} (got {err.get('input')!r})")
+    return lines
+
+
+def validate_config(raw: Any, overrides: list[str] | None = None, *, source: str = "the config") -> TrainConfig:
+    """A :class:`TrainConfig` from a parsed YAML mapping and ``--set`` overrides, or :class:`ConfigError`."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping of keys to values, got {type(raw).__name__}")
+    problems = [_unknown_message(k, f" in {source}") for k in unknown_keys(raw)]
+    for item in overrides or []:
+        parts, value = parse_override(item)
+        nested = {parts[-1]: value}
+        for p in reversed(parts[:-1]):
+            nested = {p: nested}
+        problems += [_unknown_message(k, f" (--set {item})") for k in unknown_keys(nested)]
+    try:
+        cfg = TrainConfig.model_validate(apply_overrides(raw, overrides or []))
+    except ValidationError as exc:  # every problem at once; unknown keys were reported above, with their source
+        problems += [line for err, line in zip(exc.errors(), _format_validation(exc), strict=True)
+                     if err["type"] != "extra_forbidden"]
+    if problems:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config {path}: not valid YAML: {exc}") from None
+    return validate_config(raw, overrides, source=str(path))

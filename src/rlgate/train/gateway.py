@@ -1,0 +1,190 @@
+"""The gateway a run talks to: started in this process, a running one named by ``gateway.url``,
+or ``ray.replicas`` replicas on Ray behind a router in this process.
+
+In-process: a :class:`~rlgate.engine.local.LocalEngine` behind the app on 127.0.0.1
+(``gateway.port``, default a free one), ``granted`` capacity, an in-memory store, a
+random admin key, and :class:`~rlgate.train.sync.ColocatedSync`. Remote: the URL is
+checked (reachable, an rlgate gateway, the admin key accepted) before anything else
+happens, and weights go through :class:`~rlgate.train.sync.RemoteSync`. Replicas
+(``cluster/``): each a gateway with its own local engine on ``ray.replica_num_gpus`` GPUs,
+stores under ``ray.data_dir``; weights go through the router's controller (RemoteSync against
+the router: every replica loads them behind one barrier), so ``gateway.sync_dir`` must be
+readable on every node. Any ``ray:`` section connects to (or starts) Ray first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rlgate.client import GatewayClient, GatewayClientError
+from rlgate.rollout.errors import RunError
+from rlgate.train.config import TrainConfig
+
+
+@dataclass
+class OpenGateway:
+    client: GatewayClient
+    sync: Any  # WeightSync
+    server: Any = None  # ServerThread of the in-process gateway
+    tokenizer: Any = None  # in-process: the tokenizer the gateway renders with
+    cluster: Any = None  # rlgate.cluster.launch.Cluster of the replicas (ray.replicas)
+    remote: bool = False  # a running gateway (gateway.url): a resumed run must push its weights there
+    registries: tuple[Any, ...] = ()  # in-process: the gateway's Prometheus registry (served with the run's)
+
+
+    @property
+    def url(self) -> str:
+        return self.client.base_url
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        if self.server is not None:
+            self.server.stop()
+        if self.cluster is not None:
+            await asyncio.to_thread(self.cluster.stop)
+
+
+async def check_remote(url: str, admin_key: str) -> None:
+    """RunError naming the URL unless it is a reachable rlgate gateway that accepts ``admin_key``."""
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        try:
+            r = await http.get(url.rstrip("/") + "/health")
+        except httpx.HTTPError as exc:
+            raise RunError(f"gateway.url: cannot reach {url} ({type(exc).__name__}: {exc or 'no answer'}); "
+                           "is `rlgate serve` running there?") from None
+        if r.status_code != 200 or "version" not in _json(r):
+            raise RunError(f"gateway.url: {url}/health answered HTTP {r.status_code} without a weight version; "
+                           "is this an rlgate gateway?")
+        r = await http.get(url.rstrip("/") + "/rl/metrics", headers={"Authorization": f"Bearer {admin_key}"})
+        if r.status_code in (401, 403):
+            raise RunError(f"gateway.admin_key: {url} rejected the admin key (HTTP {r.status_code}); set the "
+                           "gateway's key in $RLGATE_ADMIN_KEY")
+
+
+def _json(r: httpx.Response) -> Any:
+    try:
+        return r.json()
+    except ValueError:
+        return {}
+
+
+def check_port_free(port: int) -> None:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise RunError(f"gateway.port: 127.0.0.1:{port} is not available ({exc.strerror}); "
+                           "choose another --port, or leave it unset for a free one") from None
+
+
+def check_ray() -> None:
+    """RunError unless Ray (the ``cluster`` extra) is installed."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise RunError("ray: this config runs on Ray, which is not installed: pip install 'rlgate[cluster]'") from None
+
+
+async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) -> OpenGateway:
+    """Connect to (or start) the gateway serving ``weights``."""
+    from rlgate.train.sync import ColocatedSync, RemoteSync
+
+    if cfg.ray is not None:
+        from rlgate.cluster.launch import init_ray
+        from rlgate.config import ClusterConfig
+
+        check_ray()
+        try:
+            await asyncio.to_thread(init_ray, ClusterConfig(ray_address=cfg.ray.address, ray_num_cpus=cfg.ray.num_cpus))
+        except Exception as exc:  # noqa: BLE001 - name the setting, not Ray's internals
+            raise RunError(f"ray: cannot {'join ' + cfg.ray.address if cfg.ray.address else 'start a local Ray'} "
+                           f"({type(exc).__name__}: {exc})") from None
+    if cfg.replicas:
+        cluster, client = await _start_replicas(cfg, weights, tokenizer_dir)
+        sync_dir = Path(cfg.gateway.sync_dir) if cfg.gateway.sync_dir else Path(cfg.out_dir) / "sync"
+        return OpenGateway(client, RemoteSync(client, sync_dir, keep=cfg.gateway.sync_keep), cluster=cluster)
+    if cfg.gateway.url:
+        admin_key = cfg.gateway.admin_key or os.environ.get("RLGATE_ADMIN_KEY")
+        if not admin_key:
+            raise RunError("gateway.url is set but no admin key: set $RLGATE_ADMIN_KEY (or gateway.admin_key)")
+        await check_remote(cfg.gateway.url, admin_key)
+        client = GatewayClient(cfg.gateway.url, admin_key)
+        sync_dir = Path(cfg.gateway.sync_dir) if cfg.gateway.sync_dir else Path(cfg.out_dir) / "sync"
+        return OpenGateway(client, RemoteSync(client, sync_dir, keep=cfg.gateway.sync_keep), remote=True)
+
+    from rlgate.config import GatewayConfig
+    from rlgate.engine.local import LocalEngine
+    from rlgate.model import load_tokenizer, stop_token_ids
+    from rlgate.server.app import create_app
+    from rlgate.server.runner import ServerThread
+    from rlgate.store.base import MemoryStore
+
+    if cfg.gateway.port:
+        check_port_free(cfg.gateway.port)
+    admin_key = secrets.token_urlsafe(32)
+    try:
+        tokenizer = load_tokenizer(tokenizer_dir)
+    except Exception as exc:  # noqa: BLE001 - name the directory, not the library's internals
+        raise RunError(f"model: cannot load a tokenizer from {tokenizer_dir}: {exc}") from None
+    try:
+        engine = LocalEngine(weights, device=cfg.gateway.device, max_context_length=cfg.gateway.context_length)
+    except Exception as exc:  # noqa: BLE001
+        raise RunError(f"model: the engine cannot load {weights}: {type(exc).__name__}: {exc}") from None
+    app = create_app(
+        GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
+                      reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
+                      context_length=cfg.gateway.context_length, max_tokens_cap=cfg.gateway.max_tokens_cap,
+                      model_name=tokenizer_dir.resolve().name),
+        engine, MemoryStore(), tokenizer, stop_token_ids=stop_token_ids(tokenizer, tokenizer_dir))
+    server = ServerThread(app, port=cfg.gateway.port or 0)
+    try:
+        url = server.start()
+    except RuntimeError as exc:
+        raise RunError(f"gateway: the in-process gateway did not start ({exc})") from None
+    return OpenGateway(GatewayClient(url, admin_key), ColocatedSync(engine), server, tokenizer,
+                       registries=(app.state.gateway.metrics.registry,))
+
+
+async def _start_replicas(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) -> tuple[Any, GatewayClient]:
+    """``ray.replicas`` gateway replicas (local engines serving ``weights``) and a router on 127.0.0.1."""
+    from rlgate.cluster.engines import LocalEngineSpec
+    from rlgate.cluster.launch import Cluster
+    from rlgate.cluster.replica import ReplicaSpec
+    from rlgate.config import ClusterConfig, GatewayConfig
+
+    assert cfg.ray is not None
+    admin_key = secrets.token_urlsafe(32)
+    spec = ReplicaSpec(
+        model=str(tokenizer_dir.resolve()),
+        config=GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
+                             reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
+                             context_length=cfg.gateway.context_length, max_tokens_cap=cfg.gateway.max_tokens_cap,
+                             model_name=tokenizer_dir.resolve().name),
+        engine=LocalEngineSpec(str(weights.resolve()), device=cfg.gateway.device,
+                               max_context_length=cfg.gateway.context_length),
+        host=cfg.ray.replica_host,
+        data_dir=str(Path(cfg.ray.data_dir or Path(cfg.out_dir) / "replicas").resolve()))
+    cluster = Cluster(spec, ClusterConfig(replicas=cfg.ray.replicas, ray_address=cfg.ray.address,
+                                          replica_num_cpus=cfg.ray.replica_num_cpus,
+                                          replica_num_gpus=cfg.ray.replica_num_gpus,
+                                          replica_host=cfg.ray.replica_host))
+    try:
+        await asyncio.to_thread(cluster.start)
+        url = cluster.start_router()
+    except Exception as exc:  # noqa: BLE001 - one message naming the section
+        await asyncio.to_thread(cluster.stop)
+        raise RunError(f"ray.replicas: the {cfg.ray.replicas} gateway replicas did not start "
+                       f"({type(exc).__name__}: {exc})") from None
+    return cluster, GatewayClient(url, admin_key)
+
+
+def gateway_error(exc: GatewayClientError, url: str) -> RunError:
+    return RunError(f"gateway {url}: {exc}")

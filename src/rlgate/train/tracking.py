@@ -1,0 +1,193 @@
+"""Where a run's per-step metrics go: stdout, metrics.jsonl, TensorBoard, W&B, MLflow.
+
+* **stdout** — one line per step: time, step/total, reward, loss, KL, tokens/s, failed
+  episodes, step time and ETA.
+* **metrics.jsonl** — every metric of every step (always on; appended on resume).
+* **TensorBoard** (default on) — event files in ``out_dir/tensorboard``, written with
+  ``tensorboardX``: a small, maintained writer that needs neither TensorFlow nor the
+  ``tensorboard`` package (``torch.utils.tensorboard`` imports ``tensorboard``: ~50 MB
+  with grpcio and its data server, measured in docs/architecture.md); view with
+  ``tensorboard --logdir out_dir/tensorboard``.
+* **W&B** / **MLflow** when asked for (``tracking.wandb`` / ``tracking.mlflow``) and
+  installed; asking for one that is not installed is a config error before the run starts.
+
+Prometheus metrics of the gateway and the trainer are issue 17's (``metrics/``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from rlgate.train.config import ConfigError, TrainConfig
+
+
+class Tracker(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+class StdoutTracker:
+    """``2026-12-03 10:11:12 step 12/200 reward 0.512 loss 0.0123 kl 1.2e-04 tok/s 1234 failed 0 3.2s eta 10m02s``"""
+
+    def __init__(self, total_steps: int, print_fn: Any = print) -> None:
+        self.total = total_steps
+        self.print = print_fn
+        self._durations: list[float] = []
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if "step_s" not in metrics:  # an evaluation
+            shown = " ".join(f"{k.removeprefix('eval/')} {v:.4g}" for k, v in metrics.items())
+            self.print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} eval at step {step}: {shown}", flush=True)
+            return
+        self._durations.append(metrics["step_s"])
+        recent = self._durations[-10:]
+        eta = (self.total - step) * sum(recent) / len(recent)
+        tps = metrics.get("generated_tokens", 0.0) / max(metrics.get("rollout_s", 0.0), 1e-9)
+        kl = metrics.get("kl_ref", 0.0) or metrics.get("approx_kl", 0.0)  # kl_ref when kl_coef > 0
+        speed = format(tps, ",.0f" if tps >= 10 else ".2f")
+        self.print(
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} step {step}/{self.total} reward {metrics['reward']:.3f} "
+            f"loss {metrics['loss']:.4f} kl {kl:.2e} tok/s {speed} failed {int(metrics.get('failed_episodes', 0))} "
+            f"{metrics['step_s']:.1f}s eta {_fmt_duration(eta)}", flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlTracker:
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("a", encoding="utf-8")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.file.write(json.dumps({"step": float(step), **metrics}) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class TensorBoardTracker:
+    def __init__(self, logdir: Path, purge_step: int | None = None) -> None:
+        """``purge_step``: on resume, events from this step on (written after the checkpoint) are dropped."""
+        from tensorboardX import SummaryWriter
+
+        self.writer = SummaryWriter(logdir=str(logdir), flush_secs=10, purge_step=purge_step)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                self.writer.add_scalar(k if "/" in k else f"train/{k}", v, global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker:
+    def __init__(self, cfg: TrainConfig, name: str) -> None:
+        import wandb
+
+        self.run = wandb.init(project=cfg.tracking.wandb_project, name=name, dir=cfg.out_dir,
+                              config=cfg.model_dump(mode="json", exclude={"gateway": {"admin_key"}}),
+                              resume="allow", id=_stable_id(cfg))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log({k if "/" in k else f"train/{k}": v for k, v in metrics.items()}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowTracker:
+    def __init__(self, cfg: TrainConfig, name: str) -> None:
+        import mlflow
+
+        self.mlflow = mlflow
+        if cfg.tracking.mlflow_tracking_uri:
+            mlflow.set_tracking_uri(cfg.tracking.mlflow_tracking_uri)
+        mlflow.set_experiment(cfg.tracking.mlflow_experiment)
+        self.run = mlflow.start_run(run_name=name)
+        flat = _flatten(cfg.model_dump(mode="json", exclude={"gateway": {"admin_key"}}))
+        mlflow.log_params({k: str(v)[:500] for k, v in flat.items()})
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k.replace("/", "_"): float(v) for k, v in metrics.items()
+                 if isinstance(v, (int, float)) and math.isfinite(v)}
+        self.mlflow.log_metrics(clean, step=step)
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _stable_id(cfg: TrainConfig) -> str:
+    import hashlib
+
+    return hashlib.sha256(str(Path(cfg.out_dir).resolve()).encode()).hexdigest()[:16]
+
+
+def check_tracking(cfg: TrainConfig) -> None:
+    """ConfigError if a tracker that was asked for is not installed."""
+    wanted = [("tensorboard", cfg.tracking.tensorboard, "tensorboardX", "pip install tensorboardX (rlgate[train])"),
+              ("wandb", cfg.tracking.wandb, "wandb", "pip install wandb"),
+              ("mlflow", cfg.tracking.mlflow, "mlflow", "pip install mlflow-skinny")]
+    for key, on, module, how in wanted:
+        if on and importlib.util.find_spec(module) is None:
+            raise ConfigError(f"tracking.{key} is on but the {module} package is not installed ({how}, "
+                              f"or set tracking.{key}: false)")
+
+
+class Trackers:
+    """All trackers of a run, fanned out."""
+
+    def __init__(self, cfg: TrainConfig, out: Path, total_steps: int, *, stdout: bool | None = None,
+                 start_step: int = 0) -> None:
+        name = cfg.tracking.run_name or out.resolve().name
+        self.evals = JsonlTracker(out / "evals.jsonl")
+        self.items: list[Tracker] = [JsonlTracker(out / "metrics.jsonl")]
+        if cfg.tracking.stdout if stdout is None else stdout:
+            self.items.append(StdoutTracker(total_steps))
+        if cfg.tracking.tensorboard:
+            self.items.append(TensorBoardTracker(out / "tensorboard", purge_step=start_step + 1 if start_step else None))
+        if cfg.tracking.wandb:
+            self.items.append(WandbTracker(cfg, name))
+        if cfg.tracking.mlflow:
+            self.items.append(MlflowTracker(cfg, name))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for t in self.items:
+            t.log(step, metrics)
+
+    def log_eval(self, step: int, metrics: dict[str, float]) -> None:
+        """Evaluation results: to evals.jsonl, and as ``eval/<name>`` to the other trackers."""
+        self.evals.log(step, metrics)
+        tagged = {f"eval/{k}": v for k, v in metrics.items()}
+        for t in self.items:
+            if not isinstance(t, JsonlTracker):
+                t.log(step, tagged)
+
+    def close(self) -> None:
+        for t in [self.evals, *self.items]:
+            t.close()
