@@ -8,6 +8,7 @@ parse, or that is never closed, is returned verbatim as content — a parser nev
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,6 +59,30 @@ class BlockToolParser(ToolParser):
             self._in_call = False
             return [ContentText(self.START + rest)]
         return [ContentText(rest)] if rest else []
+
+
+class RegexBlockToolParser(BlockToolParser):
+    """A block holding one or more calls, each matched by ``CALL``: group 1 the tool's name, group 2
+    its JSON arguments (DeepSeek-V3, Kimi-K2). Anything else in the body makes the block content."""
+
+    CALL: re.Pattern[str]
+
+    def parse_body(self, body: str) -> list[ParsedToolCall] | None:
+        calls: list[ParsedToolCall] = []
+        pos = 0
+        while pos < len(body):
+            m = self.CALL.match(body, pos)
+            if m is None:
+                return None
+            try:
+                c = call(m.group(1).strip(), json.loads(m.group(2)))
+            except json.JSONDecodeError:
+                return None
+            if c is None:
+                return None
+            calls.append(c)
+            pos = m.end()
+        return calls or None
 
 
 def value_from_text(raw: str) -> Any:

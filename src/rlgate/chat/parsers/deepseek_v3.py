@@ -3,34 +3,17 @@
 
 from __future__ import annotations
 
-import json
 import re
 
-from rlgate.chat.parsers.base import ParsedToolCall, register_tool_parser
-from rlgate.chat.parsers.blocks import BlockToolParser, call
+from rlgate.chat.parsers.base import register_tool_parser
+from rlgate.chat.parsers.blocks import RegexBlockToolParser
 
 _CALL = re.compile(r"\s*<｜tool▁call▁begin｜>\s*(?:\w+)?<｜tool▁sep｜>([^\n]+)\n```(?:json)?\n(.*?)\n```"
                    r"\s*<｜tool▁call▁end｜>\s*", re.S)
 
 
 @register_tool_parser("deepseek_v3", "deepseek_r1")
-class DeepSeekV3ToolParser(BlockToolParser):
+class DeepSeekV3ToolParser(RegexBlockToolParser):
     START, END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
     markers = (START,)
-
-    def parse_body(self, body: str) -> list[ParsedToolCall] | None:
-        calls: list[ParsedToolCall] = []
-        pos = 0
-        while pos < len(body):
-            m = _CALL.match(body, pos)
-            if m is None:
-                return None
-            try:
-                c = call(m.group(1).strip(), json.loads(m.group(2)))
-            except json.JSONDecodeError:
-                return None
-            if c is None:
-                return None
-            calls.append(c)
-            pos = m.end()
-        return calls or None
+    CALL = _CALL
