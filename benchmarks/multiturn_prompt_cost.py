@@ -54,13 +54,23 @@ def reply_for(turn: int, rng: random.Random) -> tuple[str, Message]:
     return text, Message.of("assistant", text)
 
 
+def build(service: GenerationService, session: Session, req: ChatRequest):
+    """service.build_prompt, run to completion (inline: the rendering cost itself is measured)."""
+    coro = service.build_prompt(session, req)
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("build_prompt awaited the render pool; set service.inline_chars higher")
+
+
 def build_conversation(service: GenerationService, tokenizer, stops, turns: int, rng: random.Random):
     """Run ``turns`` turns through the real prompt builder; return the session and the next request."""
     session = Session(id="bench-0", task_id="bench", key_hash="x")
     messages = [Message.of("system", "You are a careful assistant."), Message.of("user", sentence(rng, 40))]
     for turn in range(turns - 1):
         req = ChatRequest(messages=list(messages), tools=TOOLS)
-        prompt, inter, _ = service.build_prompt(session, req)
+        inter = build(service, session, req).interaction
         text, echoed = reply_for(turn, rng)
         inter.id = f"i{turn}"
         inter.output_ids = tokenizer.encode(text, add_special_tokens=False) + [stops[0]]
@@ -106,12 +116,14 @@ def main() -> None:
     service = GenerationService(config=config, engine=FakeEngine(tokenizer, max_context_length=10**7),
                                 tokenizer=tokenizer, sessions=SessionManager(config, MemoryStore()),
                                 stop_token_ids=stops)
+    service.inline_chars = 1 << 62  # measure rendering itself, not the hand-off to the render pool
     rows = []
     for turns in args.turns:
         session, req = build_conversation(service, tokenizer, stops, turns, random.Random(0))
-        prompt, inter, _ = service.build_prompt(session, req)
+        built = build(service, session, req)
+        prompt, inter = built.prompt_ids, built.interaction
         assert turns == 1 or inter.relation == "extend"
-        exact = median_time(lambda s=session, r=req: service.build_prompt(s, r), args.repeats)
+        exact = median_time(lambda s=session, r=req: build(service, s, r), args.repeats)
         rerender = median_time(lambda r=req: service.renderer.render_ids(r.messages, r.tools), args.repeats)
         rows.append((turns, len(req.messages), len(prompt), exact, rerender))
     base = rows[0][3]

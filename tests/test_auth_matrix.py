@@ -132,3 +132,11 @@ async def test_x_api_key_and_bearer_scheme_case(make_app, asgi_client):
         _, key = await start_session(c)
         r = await c.post("/v1/chat/completions", json=CHAT_BODY, headers={"x-api-key": key})
         assert r.status_code == 200
+
+
+def test_the_early_auth_gate_knows_the_admin_routes():
+    """The ASGI gate answers before the body is read (server/auth_gate.py): it must say 403 exactly
+    where the routes would."""
+    from rlgate.api.auth import ADMIN_ONLY_PATHS
+
+    assert set(ADMIN_ONLY_PATHS) == {path for (_, path), (auth, _) in ROUTES.items() if auth == ADMIN}

@@ -238,3 +238,68 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(tiny_model_dir, tokeniz
     text = log.read_text()
     assert "shutting down: admitting no new sessions; 20 generations in flight" in text
     assert "store flushed and closed" in text
+
+
+@pytest.mark.slow
+def test_shutdown_timeout_records_every_cut_request_and_answers_in_the_api_shape(tiny_model_dir, tmp_path):
+    """Issue 15: when --shutdown-timeout expired, cut non-streamed requests stayed `pending` (the store
+    closed before their abort was written) and their clients got uvicorn's plain-text 500."""
+    store, log = tmp_path / "gw.sqlite", tmp_path / "serve.log"
+    # each generation would take 100 s: 500 tokens, 0.2 s apart; the shutdown gives them 1 s
+    proc, url = serve(tiny_model_dir, store, log, "--fake-token-delay", "0.2", "--fake-output-tokens", "500",
+                      "--shutdown-timeout", "1")
+
+    async def run() -> tuple[list[httpx.Response], list[str], list[str]]:
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=64)) as c:
+            keys = []
+            for k in range(6):
+                r = await c.post("/rl/start_session", json={"task_id": f"cut{k}"}, headers=ADMIN)
+                keys.append((r.json()["session_id"], r.json()["api_key"]))
+            plain = [asyncio.create_task(c.post(path, json=body, headers={"Authorization": f"Bearer {key}"}))
+                     for (_, key), (path, body) in zip(keys[:4], [
+                         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}]}),
+                         ("/v1/messages", {"max_tokens": 600, "messages": [{"role": "user", "content": "b"}]}),
+                         ("/v1/responses", {"input": "c"}),
+                         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "d"}]})], strict=True)]
+            first_chunk = asyncio.Event()
+            streamed: list[str] = []
+
+            async def stream(key: str) -> None:
+                body = {"messages": [{"role": "user", "content": "s"}], "stream": True}
+                try:
+                    async with c.stream("POST", "/v1/chat/completions", json=body,
+                                        headers={"Authorization": f"Bearer {key}"}) as s:
+                        async for line in s.aiter_lines():
+                            first_chunk.set()
+                            streamed.append(line)
+                except httpx.HTTPError:
+                    pass
+
+            streams = [asyncio.create_task(stream(key)) for _, key in keys[4:]]
+            await asyncio.wait_for(first_chunk.wait(), 60)  # the requests sent before are generating too
+            proc.send_signal(signal.SIGTERM)
+            responses = await asyncio.gather(*plain)
+            await asyncio.gather(*streams)
+            return responses, streamed, [sid for sid, _ in keys]
+
+    responses, streamed, sids = asyncio.run(run())
+    assert proc.wait(60) == 0
+    for r in responses:
+        assert r.status_code == 503, r.text
+        body = r.json()
+        if r.request.url.path == "/v1/messages":
+            assert body["type"] == "error" and body["error"]["type"] == "overloaded_error"
+        else:
+            assert body["error"]["code"] == "shutting_down"
+    assert "data: [DONE]" not in streamed
+    proc, url = serve(tiny_model_dir, store, log)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as c:
+            for sid in sids:
+                exp = c.post("/export_trajectories", json={"session_id": sid}, headers=ADMIN).json()
+                assert exp["stats"]["failed"] == 0, (sid, exp["stats"])
+                (item,) = exp["interactions"]
+                assert item["finish_reason"] == "abort", (sid, item["finish_reason"])
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0

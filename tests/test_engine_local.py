@@ -478,3 +478,80 @@ def test_import_does_not_need_torch() -> None:
         "assert 'torch' not in sys.modules; e.LocalEngine"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- issue 15 ---------------------------------------------------------------------------------
+
+
+async def test_tiny_temperatures_are_greedy(engine: LocalEngine) -> None:
+    """temperature=1e-300 is 0 in float32: it was sampled at T=1 while recorded as 1e-300."""
+    greedy = await engine.generate(req(PROMPTS[1], max_new_tokens=16, temperature=0.0))
+    for t in (1e-300, 1e-7):
+        tiny = await engine.generate(req(PROMPTS[1], max_new_tokens=16, temperature=t, seed=3))
+        assert tiny.output_ids == greedy.output_ids, t
+        assert tiny.output_logprobs == greedy.output_logprobs
+    assert SamplingParams(temperature=1e-300).temperature == 0.0
+    assert SamplingParams(temperature=1e-3).temperature == 1e-3
+
+
+async def test_the_recorded_temperature_is_the_one_sampled_with(tiny_model_dir: Path, make_app, asgi_client) -> None:
+    from helpers import admin_headers, key_headers, start_session
+
+    app = make_app(LocalEngine(tiny_model_dir, device="cpu"))
+    async with asgi_client(app) as c:
+        sid, key = await start_session(c)
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}
+        greedy = await c.post("/v1/chat/completions", json={**body, "temperature": 0}, headers=key_headers(key))
+        tiny = await c.post("/v1/chat/completions", json={**body, "temperature": 1e-300, "seed": 5},
+                            headers=key_headers(key))
+        assert tiny.json()["choices"][0]["message"] == greedy.json()["choices"][0]["message"]
+        await c.post("/rl/end_session", headers=key_headers(key))
+        exp = (await c.post("/export_trajectories", json={"session_id": sid}, headers=admin_headers())).json()
+    assert [i["sampling"]["temperature"] for i in exp["interactions"]] == [0.0, 0.0]
+
+
+def _state(session: str | None, n: int = 4):
+    from rlgate.engine.local.batch import RequestState
+
+    return RequestState([1] * n, SamplingParams(), torch.Generator(), loop=None, queue=None,
+                        session_id=session)
+
+
+def test_admission_is_round_robin_with_a_cap_per_session() -> None:
+    from collections import deque
+
+    from rlgate.engine.local.admission import admit_fairly
+
+    a = [_state("a") for _ in range(5)]
+    b, c = _state("b"), _state("c")
+    pending = deque([*a, b, c])
+    got = admit_fairly(pending, [], free=4, max_rows_per_session=2, prefill_token_budget=10**6)
+    assert got == [a[0], b, c, a[1]]
+    assert list(pending) == a[2:]
+    # "a" is at its cap: a free row stays free rather than go to it
+    assert admit_fairly(pending, got, free=4, max_rows_per_session=2, prefill_token_budget=10**6) == []
+    # requests without a session are their own sessions
+    free = [_state(None) for _ in range(3)]
+    assert admit_fairly(deque(free), [], free=3, max_rows_per_session=1, prefill_token_budget=10**6) == free
+
+
+async def test_one_session_cannot_take_the_whole_batch(tiny_model_dir: Path) -> None:
+    """Issue 15: one key filled the whole batch; another session's request waited behind all of it."""
+    eng = LocalEngine(tiny_model_dir, device="cpu", max_batch_size=4)
+    done: list[str] = []
+
+    async def run(name: str, session: str, n: int) -> None:
+        r = GenerateRequest(list(PROMPTS[0]), SamplingParams(max_new_tokens=n, seed=1, stop_token_ids=()),
+                            session_id=session)
+        await eng.generate(r)
+        done.append(name)
+
+    try:
+        await eng.start()
+        hog = [asyncio.create_task(run(f"a{k}", "hog", 48)) for k in range(8)]
+        await wait_until(lambda: eng.num_active == 8)
+        other = asyncio.create_task(run("b", "other", 4))
+        await asyncio.gather(*hog, other)
+    finally:
+        await eng.close()
+    assert done.index("b") == 0, done  # it got a row at once and finished first

@@ -301,3 +301,122 @@ async def test_no_new_sessions_while_shutting_down(make_app, asgi_client):
         assert_shape(r, "openai", 503, "shutting_down")
         for path in SURFACES:  # sessions already admitted keep working until the server stops
             await ok(c, path, key)
+
+
+# --------------------------------------------------------------------------- issue 15
+
+
+def _image_message(path: str, data: str) -> dict:
+    if path == "/v1/messages":
+        return {"role": "user", "content": [{"type": "image", "source": {
+            "type": "base64", "media_type": "image/png", "data": data}}, {"type": "text", "text": "what is it?"}]}
+    if path == "/v1/responses":
+        return {"role": "user", "content": [{"type": "input_image", "image_url": f"data:image/png;base64,{data}"},
+                                            {"type": "input_text", "text": "what is it?"}]}
+    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}},
+                                        {"type": "text", "text": "what is it?"}]}
+
+
+def _image_body(path: str, messages: list[dict]) -> dict:
+    if path == "/v1/responses":
+        return {"input": messages, "max_output_tokens": 2}
+    return {"messages": messages, "max_tokens": 2}
+
+
+@pytest.mark.parametrize("path", list(SURFACES))
+async def test_images_are_limited_per_image_and_per_session(make_app, asgi_client, path):
+    """Issue 15: a 25 MiB image cost 19 prompt tokens and nothing else; 40 requests on one key
+    added 1.15 GB of memory and 1.05 GB to the store."""
+    shape = SURFACES[path][1]
+    app = make_app(max_image_bytes=100_000, max_image_bytes_per_session=250_000)
+    async with asgi_client(app) as c:
+        sid, key = await start_session(c)
+        r = await c.post(path, json=_image_body(path, [_image_message(path, "A" * 100_001)]), headers=key_headers(key))
+        assert_shape(r, shape, 413, None if shape == "anthropic" else "image_too_large")
+        ok_image = "B" * 90_000
+        for k in range(2):  # two new images fit the session budget
+            r = await c.post(path, json=_image_body(path, [_image_message(path, ok_image + str(k))]),
+                             headers=key_headers(key))
+            assert r.status_code == 200, r.text
+        r = await c.post(path, json=_image_body(path, [_image_message(path, ok_image + "x")]), headers=key_headers(key))
+        assert_shape(r, shape, 413, None if shape == "anthropic" else "session_image_budget_exceeded")
+        assert app.state.gateway.sessions.sessions[sid].image_bytes <= 250_000
+        r = await c.post(path, json=_image_body(path, [{"role": "user", "content": "text still works"}]),
+                         headers=key_headers(key))
+        assert r.status_code == 200, r.text
+        _, other = await start_session(c)  # the budget is per session
+        r = await c.post(path, json=_image_body(path, [_image_message(path, ok_image)]), headers=key_headers(other))
+        assert r.status_code == 200, r.text
+
+
+async def test_an_image_counts_once_along_a_conversation(make_app, asgi_client):
+    app = make_app(max_image_bytes_per_session=250_000)
+    async with asgi_client(app) as c:
+        sid, key = await start_session(c)
+        messages = [_image_message("/v1/chat/completions", "C" * 200_000)]
+        for turn in range(4):  # the image is re-sent with every turn, but recorded once
+            r = await c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2},
+                             headers=key_headers(key))
+            assert r.status_code == 200, (turn, r.text)
+            messages += [r.json()["choices"][0]["message"], {"role": "user", "content": f"turn {turn}"}]
+        session = app.state.gateway.sessions.sessions[sid]
+        assert 200_000 <= session.image_bytes < 250_000
+        # and held once in memory: every turn shares the first turn's message object
+        assert len({id(i.messages[0]) for i in session.interactions.values()}) == 1
+
+
+def _nested_schema(depth: int) -> dict:
+    schema: dict = {"type": "object", "properties": {}}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+@pytest.mark.parametrize("path", list(SURFACES))
+async def test_deeply_nested_tool_schema_is_a_400(make_app, asgi_client, path):
+    """Issue 15: a tool schema nested 150 levels answered 500 (RecursionError)."""
+    shape = SURFACES[path][1]
+    schema = _nested_schema(150)
+    if path == "/v1/messages":
+        extra = {"tools": [{"name": "deep", "input_schema": schema}]}
+    elif path == "/v1/responses":
+        extra = {"tools": [{"type": "function", "name": "deep", "parameters": schema}]}
+    else:
+        extra = {"tools": [{"type": "function", "function": {"name": "deep", "parameters": schema}}]}
+    async with asgi_client(make_app()) as c:
+        _, key = await start_session(c)
+        r = await c.post(path, json={**SURFACES[path][0], **extra}, headers=key_headers(key))
+        assert_shape(r, shape, 400, None if shape == "anthropic" else "too_deeply_nested")
+        await ok(c, path, key)
+
+
+async def test_internal_errors_are_server_errors(make_app, monkeypatch):
+    """A 500 says so in its type (it answered `invalid_request_error` before)."""
+    app = make_app()
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+        _, key = await start_session(c)
+
+        def boom(*a, **k):
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(app.state.gateway.generation, "prepare", boom)
+        r = await c.post("/v1/chat/completions", json={"messages": USER}, headers=key_headers(key))
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        r = await c.post("/v1/messages", json={"max_tokens": 2, "messages": USER}, headers=key_headers(key))
+        assert r.status_code == 500 and r.json()["error"]["type"] == "api_error"
+
+
+async def test_concurrent_exports_with_wait_timeout_export_once(make_app, asgi_client):
+    """Issue 15: two concurrent exports with wait_timeout both returned 200 for the same session."""
+    async with asgi_client(make_app()) as c:
+        sid, key = await start_session(c)
+        await ok(c, "/v1/chat/completions", key)
+        exports = [asyncio.create_task(c.post("/export_trajectories", json={"session_id": sid, "wait_timeout": 30},
+                                              headers=admin_headers())) for _ in range(3)]
+        for _ in range(200):  # event-loop turns, not time: every export reaches its wait loop
+            await asyncio.sleep(0)
+        assert not any(t.done() for t in exports)  # all three are waiting for the session to end
+        await c.post("/rl/end_session", headers=key_headers(key))
+        statuses = sorted(r.status_code for r in await asyncio.gather(*exports))
+        assert statuses == [200, 404, 404], statuses

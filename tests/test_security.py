@@ -112,7 +112,15 @@ def test_keys_never_appear_in_logs_of_rlgate_serve(tiny_model_dir, tmp_path):
 
             async def drive():
                 async with httpx.AsyncClient(base_url=url, timeout=300) as c:
-                    return await full_session(c)
+                    keys = await full_session(c)
+                    # keys in a query string (rlgate reads none from there) must not reach the access log
+                    r = await c.post("/rl/start_session", json={"task_id": "q"}, headers=admin_headers())
+                    key = r.json()["api_key"]
+                    assert (await c.get(f"/v1/models?api_key={key}", headers=key_headers(key))).status_code == 200
+                    r = await c.post(f"/v1/chat/completions?key={key}", json={"messages": [{"role": "user",
+                                     "content": "hi"}]}, headers=key_headers(key))
+                    assert r.status_code == 200
+                    return [*keys, key]
 
             keys = asyncio.run(drive())
         finally:
@@ -245,3 +253,46 @@ async def test_hostile_control_bodies_get_4xx(make_app, asgi_client, path, body)
     async with asgi_client(make_app()) as c:
         r = await c.post(path, content=body, headers={**admin_headers(), "content-type": "application/json"})
         assert 400 <= r.status_code < 500 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.slow
+def test_admin_key_file_data_dir_and_an_unusable_store(tiny_model_dir, tmp_path):
+    """Issue 15: --admin-key-file followed symlinks; --data-dir parents followed the umask; an
+    unusable store printed a raw traceback."""
+    from helpers import free_port, wait_healthy
+
+    target = tmp_path / "readable-by-all.txt"
+    target.write_text("public\n")
+    target.chmod(0o644)
+    link = tmp_path / "admin.key"
+    link.symlink_to(target)
+    data_dir = tmp_path / "a" / "b" / "c"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "RLGATE_STORE"}
+    proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir),
+                             "--engine", "fake", "--port", str(port), "--admin-key-file", str(link),
+                             "--data-dir", str(data_dir)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: os.umask(0o022))
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert target.read_text() == "public\n", "the admin key was written through the symlink"
+    assert not link.is_symlink() and (link.stat().st_mode & 0o777) == 0o600
+    key = link.read_text().strip()
+    assert len(key) >= 40
+    for d in (tmp_path / "a", tmp_path / "a" / "b", data_dir):
+        assert (d.stat().st_mode & 0o777) == 0o700, (d, oct(d.stat().st_mode))
+
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_text("this is not a database")
+    for store in (garbage, tmp_path):  # not a database; a directory
+        r = subprocess.run([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir),
+                            "--engine", "fake", "--port", str(free_port()), "--store", str(store)],
+                           env={**env, "RLGATE_ADMIN_KEY": ADMIN_KEY}, capture_output=True, text=True, timeout=300)
+        assert r.returncode != 0
+        assert "Traceback" not in r.stderr + r.stdout, r.stderr[-2000:]
+        (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("rlgate:")]
+        assert str(store) in line

@@ -20,7 +20,7 @@ from rlgate.store.sqlite import SQLiteStore, StoreLocked, decode_floats, decode_
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
-TRANSIENT = {"prefix_index", "covered_lengths", "digest_memo", "in_flight"}
+TRANSIENT = {"prefix_index", "covered_lengths", "digest_memo", "in_flight", "render_cache"}
 
 
 def persisted(obj) -> dict:

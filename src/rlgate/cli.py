@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import os
@@ -134,7 +135,8 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         except ImportError as exc:
             raise SystemExit(f"rlgate: --engine local: {exc}") from exc
         engine = local_engine(args.model, device=options.device, max_batch_size=options.max_batch_size,
-                             max_context_length=config.context_length)
+                             max_context_length=config.context_length,
+                             max_rows_per_session=options.max_rows_per_session)
     store_options = from_arguments(StoreOptions, args)
     try:
         store = open_store(store_options.store, data_dir=store_options.data_dir, synchronous=store_options.store_sync)
@@ -143,7 +145,7 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     logging.getLogger("rlgate").info("store: %s", getattr(store, "path", ":memory: (nothing is persisted)"))
     try:
         app = create_app(config, engine, store, tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model))
-    except ValueError as exc:  # an unknown --renderer / parser name
+    except (StoreError, ValueError) as exc:  # the store file could not be loaded; an unknown --renderer / parser
         store.close()
         raise SystemExit(f"rlgate: {exc}") from exc
     except BaseException:
@@ -155,16 +157,29 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     return app
 
 
+def write_secret_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` with mode 0600 without following a link planted at ``path``:
+    a new file is written next to it (created 0600, exclusively) and renamed over the path,
+    which replaces a symlink itself rather than the file it points to."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600, O_EXCL
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     _offline_env()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     admin_key, generated = resolve_admin_key(args)
     if args.admin_key_file:
-        path = Path(args.admin_key_file)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(admin_key + "\n")
-        os.chmod(path, 0o600)
+        write_secret_file(Path(args.admin_key_file), admin_key + "\n")
     if generated:
         if args.admin_key_file:
             print(f"rlgate: generated an admin key; written to {args.admin_key_file} (mode 0600)", flush=True)

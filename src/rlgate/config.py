@@ -91,6 +91,30 @@ class GatewayConfig:
     stream_keepalive_interval: float = option(
         10.0, "seconds without a streamed event before a keep-alive event (ping) is sent (0: never)")
     image_placeholder: str = "<image>"  # informational: what text-only templates render for an image
+    # ---- hardening (docs/operations.md "Limits", docs/security.md) ----
+    allow_template_override: bool = field(default=False, metadata={"help": (
+        "let clients set reserved chat_template_kwargs (chat_template, tokenize, ...): only for trusted "
+        "clients; their templates then render in a worker bounded by --render-timeout")})
+    render_timeout: float = field(default=30.0, metadata={"help": (
+        "seconds a request's prompt may take to render and tokenize in a worker thread; more -> 503")})
+    render_workers: int = field(default=2, metadata={"help": (
+        "worker threads that render and tokenize large prompts (small ones stay on the event loop)")})
+    max_json_depth: int = field(default=64, metadata={"help": "nesting depth of a request body; deeper -> 400"})
+    max_image_bytes: int = field(default=10 * 1024 * 1024, metadata={"help": (
+        "size of one image (base64 data or URL) in a request; larger -> 413")})
+    max_image_bytes_per_session: int = field(default=64 * 1024 * 1024, metadata={"help": (
+        "image bytes one session may record (each image counted where the store writes it); more -> 413")})
+    rate_limit_per_key: float = field(default=0.0, metadata={"help": (
+        "requests per second one session key may make (token bucket; 0: no limit); more -> 429 + Retry-After")})
+    rate_limit_burst: int = field(default=32, metadata={"help": "token bucket size of --rate-limit-per-key"})
+    header_timeout: float = field(default=10.0, metadata={"help": (
+        "seconds a client has to send a request's headers (from the connection or the request's first byte)")})
+    body_timeout: float = field(default=60.0, metadata={"help": (
+        "seconds a client has to send a whole request body once its headers arrived; slower -> 408")})
+    max_buffered_body_bytes: int = field(default=512 * 1024 * 1024, metadata={"help": (
+        "request bodies held in memory at once, all requests together; more -> 503 server_busy")})
+    max_connections: int = field(default=2048, metadata={"help": (
+        "open HTTP connections; more are answered 503 and closed (lowered to fit the open-file limit)")})
 
     # ---- metrics, silent-failure guards and the viewer (docs/operations.md, "Metrics and guards")
     metrics_port: int | None = field(default=None, metadata={

@@ -19,10 +19,13 @@ Hierarchy::
     ├── Conflict (409)
     ├── Gone (410)
     ├── PayloadTooLarge (413)
+    ├── RequestTimeout (408)
     ├── RateLimited (429)
     ├── InternalError (500, a bug: the message never says more than "internal error")
     ├── UpstreamError (502)
     └── Unavailable (503)
+
+``retry_after`` (seconds) becomes a ``Retry-After`` header on the response.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ class GatewayError(Exception):
     default_code: str | None = None
 
     def __init__(
-        self, message: str, *, param: str | None = None, code: str | None = None, status: int | None = None
+        self, message: str, *, param: str | None = None, code: str | None = None, status: int | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -45,6 +49,11 @@ class GatewayError(Exception):
         self.code = code or self.default_code
         if status is not None:
             self.status = status
+        self.retry_after = retry_after
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.retry_after)} if self.retry_after is not None else {}
 
     def message_for(self, surface: str) -> str:
         """The message in the wording of the API that serves the request (``anthropic`` / ``openai``)."""
@@ -116,6 +125,11 @@ class PayloadTooLarge(GatewayError):
     default_code = "request_too_large"
 
 
+class RequestTimeout(GatewayError):
+    status = 408
+    default_code = "request_timeout"
+
+
 class RateLimited(GatewayError):
     status = 429
     openai_type = "rate_limit_error"
@@ -182,8 +196,10 @@ def from_status(status: int, message: str) -> GatewayError:
         404: NotFound,
         409: Conflict,
         410: Gone,
+        408: RequestTimeout,
         413: PayloadTooLarge,
         429: RateLimited,
+        500: InternalError,
         502: UpstreamError,
         503: Unavailable,
     }.get(status, InvalidRequest)

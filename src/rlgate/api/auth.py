@@ -4,34 +4,57 @@ Tokens come from ``Authorization: Bearer <t>`` (scheme case-insensitive) or
 ``x-api-key`` (what the Anthropic SDK sends). Missing -> 401. Admin routes: any other
 token -> 403. Session routes: a token that is no live session's key -> 401 (the admin
 key is not a session key). Tokens are never logged.
+
+:func:`authenticate_early` makes the same decision from the headers alone, so that the
+ASGI layer can refuse a request before reading its body (``server/auth_gate.py``); the
+routes still check which key they need.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from starlette.requests import Request
 
-from rlgate.errors import AuthenticationFailed, PermissionDenied
+from rlgate.core.sessions import SessionManager
+from rlgate.errors import AuthenticationFailed, GatewayError, PermissionDenied
 from rlgate.trajectory.interaction import Session
 
+# Routes only the admin key may call: a wrong token gets 403 there (401 elsewhere).
+ADMIN_ONLY_PATHS = frozenset({"/grant_capacity", "/rl/start_session", "/export_trajectories", "/rl/collect",
+                              "/rl/update_weights", "/rl/metrics", "/metrics"})
+# Routes that authenticate from their body or a cookie (the viewer's login form): the early gate
+# leaves them to their own checks (their bodies are small and bounded by the body limit).
+OWN_AUTH_PREFIXES = ("/ui/",)
 
-def request_token(request: Request) -> str | None:
-    auth = request.headers.get("authorization")
+
+def token_from_headers(headers: Mapping[str, str]) -> str | None:
+    """The key a request carries (``headers`` must be case-insensitive, as Starlette's are)."""
+    auth = headers.get("authorization")
     if auth:
         scheme, _, token = auth.strip().partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             return token.strip()
-    key = request.headers.get("x-api-key")
+    key = headers.get("x-api-key")
     if key and key.strip():
         return key.strip()
     return None
 
 
+def request_token(request: Request) -> str | None:
+    return token_from_headers(request.headers)
+
+
+def _missing() -> AuthenticationFailed:
+    return AuthenticationFailed(
+        "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'", code="missing_api_key"
+    )
+
+
 def _token_or_401(request: Request) -> str:
     token = request_token(request)
     if token is None:
-        raise AuthenticationFailed(
-            "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'", code="missing_api_key"
-        )
+        raise _missing()
     return token
 
 
@@ -49,3 +72,24 @@ def session_from_request(request: Request) -> Session:
 def is_admin_request(request: Request) -> bool:
     token = request_token(request)
     return token is not None and request.app.state.gateway.sessions.is_admin(token)
+
+
+def authenticate_early(
+    path: str, headers: Mapping[str, str], sessions: SessionManager
+) -> tuple[Session | None, GatewayError | None]:
+    """``(session, None)`` for a session key, ``(None, None)`` for the admin key or a route with its
+    own authentication, ``(None, error)`` for a missing or unknown key (the error the route itself
+    would answer)."""
+    if path.startswith(OWN_AUTH_PREFIXES):
+        return None, None
+    token = token_from_headers(headers)
+    if token is None:
+        return None, _missing()
+    if sessions.is_admin(token):
+        return None, None
+    try:
+        return sessions.session_for_key(token), None
+    except AuthenticationFailed as exc:
+        if path in ADMIN_ONLY_PATHS:
+            return None, PermissionDenied("this route needs the admin key")
+        return None, exc

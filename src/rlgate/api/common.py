@@ -20,6 +20,30 @@ log = logging.getLogger("rlgate.api")
 M = TypeVar("M", bound=BaseModel)
 
 
+def nesting_depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests lists / objects deeper than ``limit`` (iterative)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            if depth + 1 > limit:
+                return True
+            stack.extend((x, depth + 1) for x in v.values())
+        elif isinstance(v, list):
+            if depth + 1 > limit:
+                return True
+            stack.extend((x, depth + 1) for x in v)
+    return False
+
+
+def check_depth(value: Any, limit: int, what: str = "the request body", param: str | None = None) -> None:
+    """400 when ``value`` nests deeper than ``limit``: recursive code below (JSON Schema checks,
+    templates, canonical forms) must never meet a RecursionError."""
+    if nesting_depth_over(value, limit):
+        raise InvalidRequest(f"{what} is nested more than {limit} levels deep (max_json_depth)", param=param,
+                             code="too_deeply_nested")
+
+
 async def read_json(request: Request) -> Any:
     ctype = request.headers.get("content-type", "")
     if ctype and "json" not in ctype.split(";")[0].lower():
@@ -34,9 +58,12 @@ async def read_json(request: Request) -> Any:
         raise InvalidRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
     except RecursionError as exc:
         raise InvalidRequest("the request body is nested too deeply", code="invalid_json") from exc
-    if _MAYBE_SURROGATE.search(raw) and _has_lone_surrogate(data):
+    if _MAYBE_SURROGATE.search(raw) and has_lone_surrogate(data):
         raise InvalidRequest("the request body contains an unpaired UTF-16 surrogate (e.g. \\ud800); "
                              "strings must be valid Unicode", code="invalid_unicode")
+    limit = request.app.state.gateway.config.max_json_depth
+    if raw.count(b"[") + raw.count(b"{") > limit:  # fewer brackets than the limit cannot nest deeper
+        check_depth(data, limit)
     return data
 
 
@@ -57,7 +84,7 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _has_lone_surrogate(value: Any) -> bool:
+def has_lone_surrogate(value: Any) -> bool:
     stack = [value]
     while stack:
         v = stack.pop()
@@ -119,6 +146,9 @@ def check_tool_schema(name: str, schema: Any, param: str) -> dict[str, Any]:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         raise InvalidRequest(f"tool {name!r}: invalid JSON schema: {exc.message}", param=param) from exc
+    except RecursionError as exc:  # read_json bounds the depth; a direct caller may not have
+        raise InvalidRequest(f"tool {name!r}: the input schema is nested too deeply", param=param,
+                             code="too_deeply_nested") from exc
     if schema.get("type", "object") != "object":
         raise InvalidRequest(f"tool {name!r}: the input schema must have type 'object'", param=param)
     return schema

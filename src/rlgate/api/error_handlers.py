@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rlgate.core.request_scope import undo_changes
 from rlgate.errors import GatewayError, InternalError, InvalidRequest, Unavailable, error_body, from_status, surface_of
 from rlgate.store.base import StoreError
 
@@ -17,7 +18,8 @@ log = logging.getLogger("rlgate.server")
 
 
 def _error_response(request: Request, exc: GatewayError, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(exc, surface_of(request.url.path)), status_code=exc.status, headers=headers)
+    return JSONResponse(error_body(exc, surface_of(request.url.path)), status_code=exc.status,
+                        headers={**exc.headers, **(headers or {})})
 
 
 def _is_api_route(path: str) -> bool:
@@ -42,7 +44,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, exc: StoreError) -> JSONResponse:
-        log.error("store error on %s %s: %s", request.method, request.url.path, exc)
+        undone = undo_changes()  # a write refused at submission: nothing of the request stays in memory
+        log.error("store error on %s %s: %s (%d in-memory changes undone)", request.method, request.url.path, exc,
+                  undone)
         return _error_response(request, Unavailable(str(exc), code="store_unavailable"))
 
     @app.exception_handler(StarletteHTTPException)

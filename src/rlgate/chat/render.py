@@ -29,25 +29,45 @@ for the last assistant turn only (Qwen3), rewriting earlier turns — does not m
 the text after the parent's turn is used. The cost of a turn does not depend on the length
 of the conversation. :class:`BridgeError` is raised only when the sentinel or the suffix
 cannot be found (a template that does not write assistant text verbatim).
+
+Bounds (issue 15, :mod:`rlgate.chat.prompt_bounds`): ``max_chars`` refuses a rendered text
+that cannot fit the context before it is tokenized (:class:`PromptTooLong`); long texts are
+tokenized with the GIL released (the caller runs them on a worker thread); the assistant
+suffix is memoised in a :class:`~rlgate.chat.render_cache.RenderCache` owned by the caller
+(one per session, bounded), never in the renderer; :attr:`ChatRenderer.reserved_kwargs` names
+the template kwargs a client must not set (``chat_template``...).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from array import array
 from collections import OrderedDict
 from typing import Any
 
 from rlgate.chat.conversation import ImagePart, Message, TextPart, ToolSpec, canonical_json
 from rlgate.chat.families.base import BridgeError, ParentTurn, TemplateError
+from rlgate.chat.prompt_bounds import (
+    PromptTooLong,
+    check_chars,
+    encode,
+    max_token_chars,
+    reserved_template_kwargs,
+)
+from rlgate.chat.render_cache import RenderCache
 
-__all__ = ["BridgeError", "ChatRenderer", "TemplateError", "message_to_template"]
+__all__ = ["BridgeError", "ChatRenderer", "PromptTooLong", "TemplateError", "message_to_template",
+           "max_token_chars", "reserved_template_kwargs"]
 
 _SENTINEL = "RLGATE_SENTINEL_7f3a"
 # Prompts remembered by render_ids (exact inputs -> token ids). A GRPO group sends the same
 # prompt once per sample, and an agent's retries send it again: rendering a ~40-token
 # prompt (Jinja + tokenizer) costs more than the rest of the request (benchmarks/hot_path.py).
-PROMPT_CACHE_SIZE = 4096
+# Only prompts up to PROMPT_CACHE_MAX_TOKENS are kept (4-byte ids): at most 4 MiB of ids.
+PROMPT_CACHE_SIZE = 1024
+PROMPT_CACHE_MAX_TOKENS = 1024
 _PLACEHOLDER_USER = Message.of("user", "hi")
 
 
@@ -96,10 +116,12 @@ class ChatRenderer:
         # Stop tokens that stand for the template's turn close (harmony: the generated <|return|>
         # takes the place of the <|end|> the template writes after a historical reply).
         self.close_aliases = dict(close_aliases or {})
-        # Memoised per (tools, template kwargs): the text after an assistant message.
-        self._suffix_cache: dict[str, str] = {}
-        # Exact template inputs -> prompt ids (least recently used first).
-        self._prompts: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
+        self.reserved_kwargs = reserved_template_kwargs(tokenizer)
+        self.max_token_chars = max_token_chars(tokenizer)
+        # Exact template inputs of small prompts -> (prompt ids, characters rendered); bounded
+        # in entries and in size, and locked (rendering may run on a worker thread).
+        self._prompts: OrderedDict[bytes, tuple[array[int], int]] = OrderedDict()
+        self._prompts_lock = threading.Lock()
 
     # ------------------------------------------------------------------ primitives
 
@@ -126,7 +148,11 @@ class ChatRenderer:
             raise TemplateError(f"the chat template could not render the conversation: {exc}") from exc
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return encode(self.tokenizer, text)  # long texts: GIL released
+
+    def _encode_bounded(self, text: str, max_chars: int | None) -> list[int]:
+        check_chars(text, max_chars)
+        return self.encode(text)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -138,22 +164,34 @@ class ChatRenderer:
         messages: list[Message],
         tools: list[ToolSpec] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        *,
+        max_chars: int | None = None,
     ) -> list[int]:
         """Fresh rendering of the whole conversation, ending with the generation prompt.
 
-        Remembered by the exact template inputs (the messages as the template sees them, the
-        tools and the template arguments), so rendering the same prompt again is a lookup.
+        Raises :class:`PromptTooLong` instead of tokenizing a text over ``max_chars``.
+        Small prompts are remembered by their exact template inputs (the messages as the
+        template sees them, the tools and the template arguments), so rendering the same
+        prompt again is a lookup.
         """
         key = _prompt_key(messages, tools, template_kwargs)
-        cached = self._prompts.get(key)
-        if cached is not None:
-            self._prompts.move_to_end(key)
-            return list(cached)
-        ids = self.encode(self.render_text(messages, tools, template_kwargs=template_kwargs))
-        self._prompts[key] = tuple(ids)
-        if len(self._prompts) > PROMPT_CACHE_SIZE:
-            self._prompts.popitem(last=False)
-        return ids
+        with self._prompts_lock:
+            hit = self._prompts.get(key)
+            if hit is not None:
+                self._prompts.move_to_end(key)
+        if hit is not None:
+            ids, chars = hit
+            if max_chars is not None and chars > max_chars:
+                raise PromptTooLong(chars, max_chars)
+            return ids.tolist()
+        text = self.render_text(messages, tools, template_kwargs=template_kwargs)
+        ids_list = self._encode_bounded(text, max_chars)
+        if len(ids_list) <= PROMPT_CACHE_MAX_TOKENS:
+            with self._prompts_lock:
+                self._prompts[key] = (array("i", ids_list), len(text))
+                if len(self._prompts) > PROMPT_CACHE_SIZE:
+                    self._prompts.popitem(last=False)
+        return ids_list
 
     def reasoning_open(self, prompt_ids: list[int]) -> bool:
         if not self.reasoning_start or not prompt_ids:
@@ -161,11 +199,14 @@ class ChatRenderer:
         return self.decode(prompt_ids[-8:]).rstrip().endswith(self.reasoning_start)
 
     def assistant_suffix(
-        self, tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None, cache_key: str | None = None
+        self, tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None, cache_key: str | None = None,
+        cache: RenderCache | None = None,
     ) -> str:
-        """What the template writes after an assistant message's text, up to the next turn."""
+        """What the template writes after an assistant message's text, up to the next turn
+        (memoised in ``cache``, the caller's, when given)."""
         key = cache_key or canonical_json([[t.to_openai() for t in tools or []], template_kwargs or {}])
-        if key not in self._suffix_cache:
+        cached = cache.get(key) if cache is not None else None
+        if cached is None:
             base = [_PLACEHOLDER_USER, Message.of("assistant", _SENTINEL)]
             text = self.render_text(base, tools, add_generation_prompt=False, template_kwargs=template_kwargs)
             if _SENTINEL not in text:
@@ -181,8 +222,10 @@ class ChatRenderer:
                 suffix = after[: len(after) - len(user)] if user and after.endswith(user) else ""
                 if not suffix:
                     raise BridgeError("the chat template writes nothing after an assistant turn")
-            self._suffix_cache[key] = suffix
-        return self._suffix_cache[key]
+            if cache is not None:
+                cache.put(key, suffix)
+            return suffix
+        return cached
 
     def bridge_ids(
         self,
@@ -193,9 +236,13 @@ class ChatRenderer:
         tools: list[ToolSpec] | None = None,
         template_kwargs: dict[str, Any] | None = None,
         cache_key: str | None = None,
+        cache: RenderCache | None = None,
+        max_chars: int | None = None,
     ) -> list[int]:
-        """Tokens that follow a parent's generated tokens (see module docstring)."""
-        suffix = self.assistant_suffix(tools, template_kwargs, cache_key)
+        """Tokens that follow a parent's generated tokens (see module docstring). ``cache_key``
+        identifies ``(tools, template_kwargs)`` for memoising the assistant suffix in ``cache``;
+        ``max_chars`` bounds the bridge text (:class:`PromptTooLong`)."""
+        suffix = self.assistant_suffix(tools, template_kwargs, cache_key, cache)
         glue = suffix
         if parent.stop_text:
             close = self.close_aliases.get(parent.stop_text, parent.stop_text)
@@ -208,7 +255,7 @@ class ChatRenderer:
         end = full.find(suffix, at + len(_SENTINEL)) if at >= 0 else -1
         if end < 0:
             raise BridgeError("the chat template does not render the parent's reply verbatim")
-        return self.encode(glue + full[end + len(suffix):])
+        return self._encode_bounded(glue + full[end + len(suffix):], max_chars)
 
 
 def _prompt_key(messages: list[Message], tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None) -> bytes:

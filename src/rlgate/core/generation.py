@@ -15,6 +15,7 @@ the interaction is kept with ``finish_reason="abort"`` and the tokens generated 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -27,13 +28,22 @@ from rlgate.chat.families.base import BridgeError, ModelFamily, ParentTurn, Temp
 from rlgate.chat.families.registry import resolve_family
 from rlgate.chat.output import OutputAssembler, OutputEvent, openai_call_id
 from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser, unparsed_tool_blocks
+from rlgate.chat.prompt_bounds import PromptTooLong, max_token_chars, reserved_template_kwargs
 from rlgate.config import GatewayConfig
-from rlgate.core.limits import check_request_limits
+from rlgate.core.limits import (
+    check_images,
+    check_request_limits,
+    check_template_kwargs,
+    image_size,
+    images,
+    request_chars,
+)
+from rlgate.core.render_pool import RenderPool
 from rlgate.core.request import ChatRequest
-from rlgate.core.request_scope import current_scope
+from rlgate.core.request_scope import current_scope, undo_changes
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
-from rlgate.errors import ContextLengthExceeded, InvalidRequest, Unavailable, engine_failure
+from rlgate.errors import ContextLengthExceeded, InvalidRequest, PayloadTooLarge, Unavailable, engine_failure
 from rlgate.metrics.gateway import GatewayMetrics, GenerationOutcome
 from rlgate.store.base import StoreError
 from rlgate.trajectory.flags import is_empty_reply
@@ -41,6 +51,23 @@ from rlgate.trajectory.interaction import Interaction, Session
 from rlgate.trajectory.tree import find_parent
 
 log = logging.getLogger("rlgate.generation")
+
+# Prompts with fewer characters render and tokenize on the event loop (well under a
+# millisecond); longer ones, and any with a client-supplied template, on the render pool.
+INLINE_CHARS = 32 * 1024
+# A tokenizer's normalizer (NFC, NFKC...) may merge up to three characters into one before
+# the vocabulary sees them: the character bound on prompts allows for it.
+NORMALIZER_SLACK = 3
+
+
+@dataclass
+class BuiltPrompt:
+    """What :meth:`GenerationService.build_prompt` returns."""
+
+    prompt_ids: list[int]
+    interaction: Interaction  # unsaved; its id and api are set by prepare
+    chain: DigestChain  # digest of the request messages (+ reply = the interaction's prefix key)
+    image_bytes: int  # image bytes the interaction adds to its session (not shared with the parent)
 
 
 @dataclass
@@ -59,6 +86,7 @@ class Prepared:
     received_at: float = field(default_factory=time.perf_counter)  # for the latency metrics
     streamed: bool = True  # complete() sets False (metrics label)
     reported: bool = False  # the outcome went to the metrics (once per run)
+    image_bytes: int = 0  # counted against max_image_bytes_per_session once recorded
 
 
 @dataclass
@@ -95,6 +123,13 @@ class GenerationService:
         self.tokenizer = tokenizer
         self.family = family if family is not None else resolve_family(tokenizer, config.model_family)
         self.renderer = self.family.renderer(tokenizer)
+        # Bounds of every family's renderer (issue 15): properties of the tokenizer, not the renderer.
+        self.reserved_kwargs = reserved_template_kwargs(tokenizer)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        slack = 1 if backend is not None and backend.normalizer is None else NORMALIZER_SLACK
+        self._chars_per_token = max_token_chars(tokenizer) * slack
+        self.render_pool = RenderPool(config.render_workers, config.render_timeout)
+        self.inline_chars = INLINE_CHARS
         self.sessions = sessions
         stops = list(stop_token_ids)
         stops += [t for t in self.family.stop_token_ids(tokenizer) if t not in stops]
@@ -115,36 +150,40 @@ class GenerationService:
 
     # ------------------------------------------------------------------ prompt
 
-    def build_prompt(self, session: Session, req: ChatRequest) -> tuple[list[int], Interaction, DigestChain]:
-        """Find the parent, build the prompt ids; return them with an unsaved interaction and
-        the digest chain of the request's messages (extended with the reply on completion)."""
+    def max_prompt_chars(self, tokens: int) -> int:
+        """The most characters a text of ``tokens`` tokens can have (any longer cannot fit)."""
+        return max(0, tokens) * self._chars_per_token
+
+    async def build_prompt(self, session: Session, req: ChatRequest) -> BuiltPrompt:
+        """Check the request's limits, find the parent, build the prompt ids; return them with an
+        unsaved interaction and the digest chain of the request's messages (extended with the
+        reply on completion). Large prompts are rendered and tokenized on the render pool."""
         check_request_limits(self.config, req)
+        check_template_kwargs(self.config, req, self.reserved_kwargs)
+        check_images(self.config, req)
+        ctx = self.context_length
+        chars = request_chars(req)
+        if chars > self.max_prompt_chars(ctx):  # early: before hashing, rendering or tokenizing
+            raise self._too_long(chars)
         context_key = tools_digest(req.tools, req.template_kwargs)
         parent, covered, chain = find_parent(session, context_key, req.messages)
+        new_image_bytes = sum(image_size(p) for p in images(req.messages[covered:]))
+        budget = self.config.max_image_bytes_per_session
+        if new_image_bytes and session.image_bytes + new_image_bytes > budget:
+            raise PayloadTooLarge(
+                f"session {session.id} holds {session.image_bytes} bytes of images; {new_image_bytes} more would "
+                f"exceed max_image_bytes_per_session={budget}", param="messages", code="session_image_budget_exceeded")
+        if parent is not None:
+            share_prefix(parent, req.messages, covered)
         relation = "extend" if parent is not None else ("fork" if session.interactions else "root")
-        fork_reason = None if parent is not None or relation == "root" else "no_prefix_match"
-        prompt: list[int] | None = None
-        if parent is not None and session.mode == "token_exact":
-            try:
-                bridge = self.renderer.bridge_ids(
-                    parent=ParentTurn(parent.prompt_ids, parent.output_ids,
-                                      parent.output_message,  # type: ignore[arg-type]
-                                      self._stop_text(parent)),
-                    leading_system=req.messages[0] if req.messages[0].role == "system" else None,
-                    new_messages=req.messages[covered:],
-                    tools=req.tools,
-                    template_kwargs=req.template_kwargs,
-                    cache_key=context_key,
-                )
-                prompt = parent.prompt_ids + parent.output_ids + bridge
-            except (BridgeError, TemplateError) as exc:
-                log.warning("session %s: %s; starting a new root", session.id, exc)
-                parent, relation, fork_reason = None, "fork", "template_not_incremental"
-        if prompt is None:
-            try:
-                prompt = self.renderer.render_ids(req.messages, req.tools, req.template_kwargs)
-            except TemplateError as exc:
-                raise InvalidRequest(str(exc), param="messages") from exc
+        render = functools.partial(self._render, session, req, parent, covered, relation, context_key)
+        try:
+            if chars < self.inline_chars and "chat_template" not in req.template_kwargs:
+                prompt, parent, relation, fork_reason = render()
+            else:
+                prompt, parent, relation, fork_reason = await self.render_pool.run(render)
+        except PromptTooLong as exc:  # the rendered text (template included) cannot fit
+            raise self._too_long(exc.chars, offset=exc.offset) from exc
         interaction = Interaction(
             id="",
             session_id=session.id,
@@ -157,7 +196,55 @@ class GenerationService:
             fork_reason=fork_reason,
             context_key=context_key,
         )
-        return prompt, interaction, chain
+        return BuiltPrompt(prompt, interaction, chain, new_image_bytes)
+
+    def _render(
+        self, session: Session, req: ChatRequest, parent: Interaction | None, covered: int, relation: str,
+        context_key: str,
+    ) -> tuple[list[int], Interaction | None, str, str | None]:
+        """Prompt ids, parent, relation, fork reason. Thread-safe: reads only completed (immutable)
+        interactions and the session's locked render cache."""
+        ctx = self.context_length
+        fork_reason = None if parent is not None or relation == "root" else "no_prefix_match"
+        if parent is not None and session.mode == "token_exact":
+            base = parent.prompt_ids + parent.output_ids
+            try:
+                bridge = self.renderer.bridge_ids(
+                    parent=ParentTurn(parent.prompt_ids, parent.output_ids,
+                                      parent.output_message,  # type: ignore[arg-type]
+                                      self._stop_text(parent)),
+                    leading_system=req.messages[0] if req.messages[0].role == "system" else None,
+                    new_messages=req.messages[covered:],
+                    tools=req.tools,
+                    template_kwargs=req.template_kwargs,
+                    cache_key=context_key,
+                    cache=session.render_cache,
+                    max_chars=self.max_prompt_chars(ctx - len(base)),
+                )
+                return base + bridge, parent, relation, fork_reason
+            except PromptTooLong as exc:
+                exc.offset = len(base)
+                raise
+            except (BridgeError, TemplateError) as exc:
+                log.warning("session %s: %s; starting a new root", session.id, exc)
+                parent, relation, fork_reason = None, "fork", "template_not_incremental"
+        try:
+            prompt = self.renderer.render_ids(req.messages, req.tools, req.template_kwargs,
+                                              max_chars=self.max_prompt_chars(ctx))
+        except TemplateError as exc:
+            raise InvalidRequest(str(exc), param="messages") from exc
+        return prompt, parent, relation, fork_reason
+
+    def _too_long(self, chars: int, *, offset: int = 0) -> ContextLengthExceeded:
+        """The refusal of a text of ``chars`` characters that cannot fit the context (after ``offset``
+        tokens already in the prompt), without tokenizing it: it has at least chars / (the most
+        characters a token covers) tokens."""
+        at_least = offset + -(-chars // self._chars_per_token)
+        ctx = self.context_length
+        return ContextLengthExceeded(
+            f"This model's maximum context length is {ctx} tokens. However, your messages have {chars} "
+            f"characters, which is at least {at_least} tokens. Please reduce the length of the messages.",
+            prompt_tokens=at_least, limit=ctx, param="messages")
 
     def _stop_text(self, parent: Interaction) -> str | None:
         if parent.stop_kind == "stop_token" and parent.output_ids and parent.output_ids[-1] in self.stop_token_ids:
@@ -166,7 +253,7 @@ class GenerationService:
 
     # ------------------------------------------------------------------ prepare
 
-    def prepare(
+    async def prepare(
         self,
         session: Session,
         req: ChatRequest,
@@ -177,7 +264,8 @@ class GenerationService:
     ) -> Prepared:
         received_at = time.perf_counter()
         self.sessions.require_generating(session)
-        prompt, interaction, chain = self.build_prompt(session, req)
+        built = await self.build_prompt(session, req)
+        prompt, interaction, chain = built.prompt_ids, built.interaction, built.chain
         ctx = self.context_length
         if len(prompt) >= ctx:
             raise ContextLengthExceeded(prompt_tokens=len(prompt), limit=ctx, param="messages")
@@ -208,7 +296,7 @@ class GenerationService:
         interaction.id = interaction_id
         interaction.api = api
         interaction.sampling = {
-            "temperature": req.temperature,
+            "temperature": sampling.temperature,  # as the engine samples (below 1e-5: 0, greedy)
             "top_p": req.top_p,
             "top_k": req.top_k,
             "seed": req.seed,
@@ -216,7 +304,7 @@ class GenerationService:
         }
         interaction.client_store = req.store
         return Prepared(session, req, interaction_id, api, prompt, sampling, interaction, call_id, chain,
-                        received_at)
+                        received_at, image_bytes=built.image_bytes)
 
     # ------------------------------------------------------------------ run
 
@@ -264,7 +352,7 @@ class GenerationService:
         stream = self.engine.stream(
             GenerateRequest(p.prompt_ids, p.sampling, request_id=p.interaction_id, session_id=p.session.id)
         )
-        self.sessions.add_interaction(p.session, p.interaction)
+        self.sessions.add_interaction(p.session, p.interaction, image_bytes=p.image_bytes)
         p.session.in_flight += 1
         try:
             async for delta in stream:
@@ -311,6 +399,7 @@ class GenerationService:
             if scope is not None:
                 await scope.wait_durable(self.sessions.store)
         except StoreError as exc:
+            undo_changes()  # refused to the client: not kept for a later request to land on
             raise Unavailable(str(exc), code="store_unavailable") from exc
         yield final
 
@@ -410,3 +499,17 @@ async def _abort(stream: AsyncGenerator[Any, None]) -> None:
         await asyncio.shield(stream.aclose())
     except Exception:
         log.exception("closing an engine stream failed")
+
+
+def share_prefix(parent: Interaction, messages: list[Message], covered: int) -> None:
+    """Replace the leading request messages that equal the parent's by the parent's own objects.
+
+    Every request re-sends the whole conversation: kept as sent, a session would hold each
+    message (and image) once per later turn, O(turns^2) memory; shared, it holds it once, as
+    the store does. Only exactly equal messages are shared, so nothing recorded changes."""
+    known = [*parent.messages, parent.output_message]
+    for k in range(min(covered, len(known))):
+        m = known[k]
+        if m is not None and messages[k] is not m and messages[k] == m:
+            messages[k] = m
+

@@ -19,8 +19,10 @@ import time
 from typing import Any
 
 from rlgate.config import GatewayConfig
+from rlgate.core.limits import image_size, images
 from rlgate.core.naming import DefaultNaming, SessionNaming
-from rlgate.core.request_scope import after_response, note_write
+from rlgate.core.rate_limit import RateLimiter
+from rlgate.core.request_scope import after_response, note_write, on_write_failure
 from rlgate.errors import (
     AuthenticationFailed,
     Conflict,
@@ -39,6 +41,16 @@ from rlgate.trajectory.tree import interaction_key, register_completed
 log = logging.getLogger("rlgate.sessions")
 
 MIN_KEY_LENGTH = 32
+
+
+def recorded_image_bytes(session: Session) -> int:
+    """Image bytes a session's interactions added (those not re-sent from their parent)."""
+    total = 0
+    for i in session.interactions.values():
+        parent = session.interactions.get(i.parent_id) if i.parent_id else None
+        skip = len(parent.messages) + 1 if parent is not None else 0
+        total += sum(image_size(p) for p in images(i.messages[skip:]))
+    return total
 
 
 def hash_key(key: str) -> str:
@@ -67,6 +79,7 @@ class SessionManager:
             "sessions_swept": 0,
         }
         self.accepting = True  # False while shutting down: no new sessions
+        self.rate_limiter = RateLimiter(config.rate_limit_per_key, config.rate_limit_burst)
         # ended / interrupted sessions not exported yet, oldest first (for collect())
         self._finished: dict[str, None] = {}
         self._finished_changed: asyncio.Event | None = None
@@ -101,6 +114,7 @@ class SessionManager:
                     i.prefix_key = i.prefix_key or interaction_key(i)
                     register_completed(s, i)
             s.last_active = max([s.last_active] + [i.completed_at or i.created_at for i in s.interactions.values()])
+            s.image_bytes = recorded_image_bytes(s)
             self.sessions[s.id] = s
             if s.exported_at is None:  # later sessions (created_at order) win a reused key
                 self._by_key[s.key_hash] = s.id
@@ -121,6 +135,11 @@ class SessionManager:
     def grant_capacity(self, count: int = 1) -> int:
         self.capacity += count
         note_write(self.store.save_meta("capacity", self.capacity))
+
+        def undo() -> None:
+            self.capacity -= count
+
+        on_write_failure(undo)
         return self.capacity
 
     # ------------------------------------------------------------------ sessions
@@ -173,12 +192,9 @@ class SessionManager:
             owner = self._by_key.get(hash_key(api_key))
             if owner is not None and owner in self.sessions and self.sessions[owner].status == "active":
                 raise Conflict("api_key belongs to an active session", param="api_key")
-        if self.config.capacity_mode == "granted":
-            if self.capacity <= 0:
-                raise RateLimited("no capacity: the trainer has not granted another session yet",
-                                  code="no_capacity")
-            self.capacity -= 1
-            note_write(self.store.save_meta("capacity", self.capacity))
+        granted = self.config.capacity_mode == "granted"
+        if granted and self.capacity <= 0:
+            raise RateLimited("no capacity: the trainer has not granted another session yet", code="no_capacity")
         key = api_key if api_key is not None else self.naming.new_key()
         digest = hash_key(key)
         session = Session(
@@ -188,10 +204,29 @@ class SessionManager:
             mode=mode or self.config.trajectory_mode,
             metadata=dict(metadata or {}),
         )
+        # The write first: a store that refuses the row (StoreError) leaves nothing behind.
+        note_write(self.store.save_session(session))
+        if granted:
+            self.capacity -= 1
+            note_write(self.store.save_meta("capacity", self.capacity))
+        previous_owner = self._by_key.get(digest)
         self.sessions[session.id] = session
         self._by_key[digest] = session.id  # drops the mapping of an ended session, if any
         self.metrics["sessions_started"] += 1
-        note_write(self.store.save_session(session))
+
+        def undo() -> None:  # the writes failed: no orphan holding a slot, a key or capacity
+            if self.sessions.get(session.id) is session:
+                del self.sessions[session.id]
+            if self._by_key.get(digest) == session.id:
+                if previous_owner is not None and previous_owner in self.sessions:
+                    self._by_key[digest] = previous_owner
+                else:
+                    del self._by_key[digest]
+            if granted:
+                self.capacity += 1
+            self.metrics["sessions_started"] -= 1
+
+        on_write_failure(undo)
         log.info("session %s started (task %s, mode %s)", session.id, task_id, session.mode)
         return session, key
 
@@ -205,13 +240,17 @@ class SessionManager:
             raise AuthenticationFailed("invalid API key: not a session key of this gateway")
         return session
 
-    def require_generating(self, session: Session) -> None:
-        """Raise unless the session may generate (and record) another interaction."""
+    def require_active(self, session: Session) -> None:
+        """Raise (409 ended / 410 interrupted) unless the session is active."""
         if session.status == "ended":
             raise Conflict(f"session {session.id} has ended; start a new session", code="session_ended")
         if session.status == "interrupted":
             raise Gone(f"session {session.id} was interrupted by a gateway restart; its key is retired",
                        code="session_interrupted")
+
+    def require_generating(self, session: Session) -> None:
+        """Raise unless the session may generate (and record) another interaction."""
+        self.require_active(session)
         if len(session.interactions) >= self.config.max_interactions_per_session:
             raise RateLimited(
                 f"session {session.id} reached max_interactions_per_session="
@@ -232,15 +271,36 @@ class SessionManager:
             self.metrics["sessions_ended"] += 1
             note_write(self.store.save_session(session))
             self._mark_finished(session)
+
+            def undo() -> None:
+                if session.status == "ended":
+                    session.status, session.ended_at = "active", None
+                    self.metrics["sessions_ended"] -= 1
+                    self._finished.pop(session.id, None)
+
+            on_write_failure(undo)
             log.info("session %s ended with %d interactions", session.id, len(session.interactions))
         return len(session.completed_interactions())
 
     # ------------------------------------------------------------------ interactions
 
-    def add_interaction(self, session: Session, interaction: Interaction) -> None:
+    def add_interaction(self, session: Session, interaction: Interaction, *, image_bytes: int = 0) -> None:
         session.interactions[interaction.id] = interaction
+        session.image_bytes += image_bytes
         session.touch()
         note_write(self.store.save_interaction(interaction))
+
+        def undo() -> None:  # the interaction never reached the store: forget it entirely
+            if session.interactions.get(interaction.id) is interaction:
+                del session.interactions[interaction.id]
+                session.image_bytes -= image_bytes
+            ids = session.prefix_index.get(interaction.prefix_key)
+            if ids and interaction.id in ids:
+                ids.remove(interaction.id)
+            log.warning("session %s: interaction %s forgotten: the store could not write it", session.id,
+                        interaction.id)
+
+        on_write_failure(undo)
 
     def complete_interaction(self, session: Session, interaction: Interaction) -> None:
         interaction.status = "completed"
@@ -274,8 +334,14 @@ class SessionManager:
             if not target.completed:
                 raise InvalidRequest(f"interaction {interaction_id!r} did not complete ({target.status})",
                                      param="interaction_id")
+        previous = target.reward
         target.reward = float(reward)
         note_write(self.store.save_interaction(target))
+
+        def undo() -> None:
+            target.reward = previous
+
+        on_write_failure(undo)
         return target
 
     # ------------------------------------------------------------------ export
@@ -305,6 +371,8 @@ class SessionManager:
                     code="session_active",
                 )
             await asyncio.sleep(min(left, 0.02))
+        if session.exported_at is not None:  # another export took it while this one waited
+            raise NotFound(f"session {session_id!r} not found (exported meanwhile by another request)")
         samples, stats = export_samples(list(session.interactions.values()), style=style, discount=discount,
                                         task_id=session.task_id)
         interactions = [s.to_dict() for s in samples]
@@ -341,6 +409,7 @@ class SessionManager:
                 self.store.save_session(session)
             elif self.sessions.get(session.id) is session:
                 del self.sessions[session.id]
+                self.rate_limiter.forget(session.id)
                 self.store.delete_session(session.id)
 
         after_response(drop)
@@ -396,5 +465,7 @@ class SessionManager:
             elif (s.exported_at is not None and self.config.retain_exported > 0
                   and now - s.exported_at > self.config.retain_exported):
                 self.sessions.pop(s.id, None)
+                self.rate_limiter.forget(s.id)
                 self.store.delete_session(s.id)
+        self.rate_limiter.prune()
         return ended

@@ -65,6 +65,10 @@ class WeightUpdateError(EngineError):
         super().__init__(message, status=status, code="weight_update_failed")
 
 
+# Temperatures below this are greedy (vLLM's and SGLang's _SAMPLING_EPS).
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample. Defaults are the plain model distribution."""
@@ -82,6 +86,11 @@ class SamplingParams:
             raise ValueError("max_new_tokens must be >= 1")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
+        if self.temperature < GREEDY_BELOW:
+            # Sampling at T -> 0 is greedy; dividing logits by a tiny T overflows instead (1e-300 is
+            # 0 in float32: the local engine sampled at T=1 while 1e-300 was recorded). Every engine
+            # and the recorded trajectory see the same value: 0, greedy (vLLM and SGLang do the same).
+            object.__setattr__(self, "temperature", 0.0)
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k < -1:

@@ -22,5 +22,7 @@ class EngineOptions:
                                 "drive inference servers (--backend-url)")
     device: str | None = option(None, "--engine local: torch device (none: cuda if available, else cpu)")
     max_batch_size: int = option(64, "--engine local: sequences decoded together")
+    max_rows_per_session: int | None = option(
+        None, "--engine local: batch rows one session may hold (none: half of --max-batch-size)")
     fake_output_tokens: int = option(16, "--engine fake: tokens per reply")
     fake_token_delay: float = option(0.0, "--engine fake: seconds between tokens")

@@ -30,13 +30,19 @@ from rlgate.core.naming import SessionNaming
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine
 from rlgate.metrics.gateway import GatewayMetrics
+from rlgate.server.auth_gate import AuthGateMiddleware
 from rlgate.server.body_limit import BodyLimitMiddleware
 from rlgate.server.durability import DurabilityMiddleware
+from rlgate.server.inflight import InFlight, InFlightMiddleware
 from rlgate.server.metrics_http import MetricsServer
 from rlgate.server.request_metrics import RequestMetricsMiddleware
 from rlgate.store.base import Store
 
 log = logging.getLogger("rlgate.server")
+
+# At shutdown, how long requests cut by the server's shutdown timeout get to unwind (record
+# their interactions, answer 503) before the engine and the store close under them.
+DRAIN_TIMEOUT_S = 10.0
 
 
 def create_app(
@@ -63,6 +69,7 @@ def create_app(
     )
     gateway = Gateway(config, engine, store, tokenizer, sessions, generation, time.time())
     _bind_metrics(metrics, sessions, engine, store)
+    inflight = InFlight()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -74,17 +81,22 @@ def create_app(
         try:
             yield
         finally:
-            # Shutdown order: no new sessions; stop the sweeper; close the engine (aborts what is
-            # still generating, which records those interactions); then flush and close the store.
+            # Shutdown order: no new sessions; stop the sweeper; let the requests still unwinding
+            # (cut by the server's shutdown timeout) record their interactions; close the engine
+            # (aborts what is still generating, which records those interactions); then flush and
+            # close the store.
             sessions.accepting = False
             for task in (sweeper, poller):
                 task.cancel()
             await asyncio.wait([sweeper, poller])  # their end, not their outcome (a cancelled shutdown still raises)
             if side is not None:
                 await asyncio.to_thread(side.stop)
+            if not await inflight.drain(DRAIN_TIMEOUT_S):
+                log.error("%d requests still running at shutdown; closing the engine under them", inflight.count)
             try:
                 await engine.close()
             finally:
+                generation.render_pool.close()
                 await asyncio.to_thread(store.close)
                 log.info("gateway stopped: store flushed and closed")
 
@@ -106,13 +118,19 @@ def create_app(
         app.state.ui_logins = UiLogins(config.ui_login_ttl)
         app.include_router(ui_router)
 
+    # Outermost last: RequestMetrics(InFlight(CORS(AuthGate(BodyLimit(Durability(routes)))))). The gate
+    # refuses unauthenticated bodies before BodyLimit reads them; CORS headers reach every answer; the
+    # request metrics see every final status.
     app.add_middleware(DurabilityMiddleware, store=store)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, body_timeout=config.body_timeout,
+                       max_buffered_bytes=config.max_buffered_body_bytes)
+    app.add_middleware(AuthGateMiddleware, sessions=sessions, limiter=sessions.rate_limiter)
     if config.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["*"],
                            allow_headers=["*"])
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(InFlightMiddleware, inflight=inflight)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)  # outermost: sees every final status
     return app
 

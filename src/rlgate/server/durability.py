@@ -7,7 +7,9 @@ request made (their sequence numbers, noted in the scope) are durable, so a
 generation means the change is committed. Streamed generations wait inside
 ``GenerationService.run`` before the final event (finish reason, usage, ``[DONE]``).
 If the store failed to write, the response is replaced by a 503 in the surface's error
-shape.
+shape and the request's in-memory changes are undone
+(:func:`rlgate.core.request_scope.undo_changes`): nothing the client was refused stays in
+memory for a later request to land on.
 
 :func:`rlgate.core.request_scope.after_response` defers work until the response has
 been handed to the server: the session manager uses it to forget an exported session
@@ -20,11 +22,12 @@ import json
 import logging
 from typing import Any
 
-from rlgate.core.request_scope import begin_request, end_request
+from rlgate.core.request_scope import begin_request, end_request, undo_changes
 from rlgate.errors import Unavailable, error_body, surface_of
 from rlgate.store.base import StoreError
 
 log = logging.getLogger("rlgate.store")
+
 
 class DurabilityMiddleware:
     def __init__(self, app: Any, store: Any) -> None:
@@ -35,7 +38,7 @@ class DurabilityMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request, token = begin_request()
+        request_scope, token = begin_request()
         replaced = False
 
         async def durable_send(message: dict[str, Any]) -> None:
@@ -44,9 +47,11 @@ class DurabilityMiddleware:
                 return
             if message["type"] == "http.response.start":
                 try:
-                    await request.wait_durable(self.store)
+                    await request_scope.wait_durable(self.store)
                 except StoreError as exc:
                     replaced = True
+                    undone = undo_changes()
+                    log.error("%s: the store failed (%s); %d in-memory changes undone", scope.get("path"), exc, undone)
                     err = Unavailable(str(exc), code="store_unavailable")
                     body = json.dumps(error_body(err, surface_of(scope.get("path", "")))).encode()
                     await send({"type": "http.response.start", "status": err.status,
@@ -60,11 +65,7 @@ class DurabilityMiddleware:
             await self.app(scope, receive, durable_send)
         finally:
             end_request(token)
-            hooks = request.hooks
-            if replaced and hooks:
-                log.error("%s: the store failed; deferred work (%d) skipped", scope.get("path"), len(hooks))
-                hooks = []
-            for fn in hooks:
+            for fn in request_scope.after:
                 try:
                     fn()
                 except Exception:  # a hook must not turn a sent response into an error

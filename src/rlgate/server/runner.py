@@ -8,6 +8,8 @@ from typing import Any
 
 import uvicorn
 
+from rlgate.server.serve import uvicorn_config
+
 
 class ServerThread:
     """``with ServerThread(app) as url:`` serves ``app`` from its own thread and event loop.
@@ -17,8 +19,7 @@ class ServerThread:
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
                  timeout_keep_alive: int = 5) -> None:
-        self.config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                                     access_log=False, timeout_graceful_shutdown=10,
+        self.config = uvicorn_config(app, host=host, port=port, log_level=log_level, shutdown_timeout=10,
                                      timeout_keep_alive=timeout_keep_alive)
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self._run, name="rlgate-server", daemon=True)

@@ -13,12 +13,19 @@ On SIGTERM (or Ctrl+C), in this order:
 
 A second Ctrl+C forces an immediate exit (writes not yet acknowledged may be lost;
 acknowledged ones are already durable).
+
+Connections (``server/connections.py``): request headers must arrive within
+``header_timeout``, at most ``max_connections`` are served (more get a 503), and the soft
+open-file limit is raised to fit them when the hard limit allows (else ``max_connections``
+is lowered to fit, with a warning). The log handlers get a repeat filter (no floods) and
+the access log a filter that drops query strings (``server/logging_filters.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import resource
 import signal
 import threading
 from collections.abc import Generator
@@ -26,6 +33,9 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+
+from rlgate.server import logging_filters
+from rlgate.server.connections import gateway_protocol
 
 log = logging.getLogger("rlgate.server")
 
@@ -36,6 +46,11 @@ EXIT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # server, retires an idle connection: otherwise a request sent on a connection the server
 # is closing at that moment fails (uvicorn's default is also 5 s: the load benchmark hit it).
 KEEP_ALIVE_S = 65
+# Request line + headers of one request (h11's default is 16 KiB); larger -> 400 and closed.
+MAX_HEADER_BYTES = 64 * 1024
+# Open files kept free for everything but client connections (store, logs, checkpoints) and
+# for the connections over max_connections that are being answered 503.
+FD_RESERVE = 128
 
 
 class GatewayServer(uvicorn.Server):
@@ -72,13 +87,50 @@ class GatewayServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def fit_connections(max_connections: int) -> int:
+    """Raise the soft open-file limit to fit ``max_connections`` (up to the hard limit); return
+    the number of connections that fit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and soft - FD_RESERVE < max_connections:
+        fitted = max(1, soft - FD_RESERVE)
+        log.warning("open-file limit %d: serving at most %d connections (max_connections=%d)", soft, fitted,
+                    max_connections)
+        return fitted
+    return max_connections
+
+
+def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info", access_log: bool = False,
+                   shutdown_timeout: float = 30.0, max_connections: int | None = None,
+                   timeout_keep_alive: int = KEEP_ALIVE_S) -> uvicorn.Config:
+    """The uvicorn settings every way of serving the gateway shares (``serve``, ``ServerThread``).
+    Other apps (the fake inference servers of tests) get the same settings with uvicorn's h11."""
+    gateway = getattr(app.state, "gateway", None) if hasattr(app, "state") else None
+    http: Any = "h11"
+    if gateway is not None:
+        http = gateway_protocol(gateway.config.header_timeout, max_connections or gateway.config.max_connections)
+    return uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, access_log=access_log, lifespan="on",
+        timeout_graceful_shutdown=shutdown_timeout,  # type: ignore[arg-type]
+        timeout_keep_alive=timeout_keep_alive, http=http, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+    )
+
+
 def serve(app: Any, *, host: str, port: int, log_level: str = "info", access_log: bool = False,
           shutdown_timeout: float = 30.0) -> int:
     """Serve ``app`` (from ``create_app``) until SIGTERM / SIGINT; return the exit status."""
     gateway = app.state.gateway
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
-                            timeout_graceful_shutdown=shutdown_timeout,  # type: ignore[arg-type]
-                            timeout_keep_alive=KEEP_ALIVE_S, lifespan="on")
+    config = uvicorn_config(app, host=host, port=port, log_level=log_level, access_log=access_log,
+                            shutdown_timeout=shutdown_timeout,
+                            max_connections=fit_connections(gateway.config.max_connections))
+    # uvicorn configured its log handlers in Config(): filter them, and the root logger's.
+    logging_filters.install(logging_filters.RepeatFilter())
+    logging_filters.install(logging_filters.RedactQueryFilter(), ("uvicorn.access",))
     server = GatewayServer(config, gateway)
     try:
         server.run()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlgate.chat.conversation import Message, ToolSpec
+from rlgate.chat.render_cache import RenderCache
 
 Relation = Literal["root", "extend", "fork"]
 InteractionStatus = Literal["pending", "completed", "failed"]
@@ -74,6 +75,8 @@ class Session:
     covered_lengths: set[int] = field(default_factory=set, repr=False)  # len(messages)+1 of those keys
     digest_memo: dict[Any, bytes] = field(default_factory=dict, repr=False)  # message -> digest cache
     in_flight: int = 0  # requests being generated right now
+    render_cache: RenderCache = field(default_factory=RenderCache, repr=False, compare=False)  # freed with it
+    image_bytes: int = 0  # image bytes its interactions hold (max_image_bytes_per_session)
 
     def completed_interactions(self) -> list[Interaction]:
         return [i for i in self.interactions.values() if i.completed]

@@ -22,7 +22,7 @@ async def create_message(request: Request):
     body = parse_model(MessageCreateRequest, await read_json(request))
     chat = serving.to_chat_request(body)
     headers = report_ignored("messages", serving.ignored_params(body))
-    prepared = gw.generation.prepare(session, chat, api="messages", id_prefix=serving.ID_PREFIX,
+    prepared = await gw.generation.prepare(session, chat, api="messages", id_prefix=serving.ID_PREFIX,
                                      call_id=serving.tool_use_id)
     model = body.model or gw.config.model_name
     if body.stream:
@@ -42,5 +42,6 @@ async def count_tokens(request: Request):
     body = parse_model(CountTokensRequest, await read_json(request))
     chat = serving.to_chat_request(body)
     headers = report_ignored("messages.count_tokens", serving.ignored_params(body))
-    prompt = gw.generation.build_prompt(session, chat)[0]  # side-effect free: nothing is registered
-    return JSONResponse({"input_tokens": len(prompt)}, headers=headers)
+    gw.sessions.require_active(session)  # an ended or interrupted key counts nothing (409 / 410)
+    built = await gw.generation.build_prompt(session, chat)  # side-effect free: nothing is registered
+    return JSONResponse({"input_tokens": len(built.prompt_ids)}, headers=headers)

@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
 from rlgate.api.auth import is_admin_request, require_admin, session_from_request
-from rlgate.api.common import validation_message
+from rlgate.api.common import check_depth, has_lone_surrogate, validation_message
 from rlgate.api.control.protocol import (
     CollectRequest,
     ExportRequest,
@@ -67,6 +67,11 @@ async def grant_capacity(request: Request) -> dict[str, int]:
 @router.post("/rl/start_session", tags=["control"])
 async def start_session(request: Request, body: StartSessionRequest) -> dict[str, str]:
     require_admin(request)
+    check_depth(body.metadata, gw(request).config.max_json_depth, "metadata", "metadata")
+    for name in ("task_id", "api_key", "metadata"):
+        if has_lone_surrogate(getattr(body, name)):  # could be neither stored nor sent back
+            raise InvalidRequest(f"{name} contains an unpaired UTF-16 surrogate (e.g. \\ud800)", param=name,
+                                 code="invalid_unicode")
     session, key = gw(request).sessions.start_session(
         body.task_id, body.api_key, mode=body.mode, metadata=body.metadata
     )

@@ -23,7 +23,7 @@ async def chat_completions(request: Request):
     body = parse_model(ChatCompletionRequest, await read_json(request))
     chat = serving.to_chat_request(body)
     headers = report_ignored("chat.completions", serving.ignored_params(body))
-    prepared = gw.generation.prepare(session, chat, api="chat", id_prefix=serving.ID_PREFIX)
+    prepared = await gw.generation.prepare(session, chat, api="chat", id_prefix=serving.ID_PREFIX)
     model = body.model or gw.config.model_name
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -28,8 +28,8 @@ async def create_response(request: Request):
     headers = report_ignored("responses", convert.ignored_params(body, tools))
     ctx = objects.context(body, chat, body.model or gw.config.model_name, tools)
     try:
-        prepared = gw.generation.prepare(session, chat, api="responses", id_prefix=serving.ID_PREFIX,
-                                         call_id=serving.new_call_id)
+        prepared = await gw.generation.prepare(session, chat, api="responses", id_prefix=serving.ID_PREFIX,
+                                               call_id=serving.new_call_id)
     except ContextLengthExceeded as exc:
         if not body.stream:
             raise

@@ -13,6 +13,11 @@ The prompt renderer contract
     messages, with the separators the family's template really writes between turns. A template
     that rewrites history (drops earlier reasoning, renders the last assistant turn differently)
     never makes it fail; it raises :class:`BridgeError` only when it cannot know the separators;
+``max_chars`` / ``cache`` (issue 15)
+    a renderer that renders text refuses one over ``max_chars`` before tokenizing it
+    (:class:`~rlgate.chat.prompt_bounds.PromptTooLong`); by-products it memoises per request
+    context go in the caller's ``cache`` (one per session, bounded), never in the renderer.
+    Renderers may be called on a worker thread (``core/render_pool.py``);
 ``reasoning_open(prompt_ids)``
     whether the generation prompt already opened a reasoning block (Qwen3-Thinking-2507 and
     DeepSeek-R1 end it with ``<think>\\n``), so the reply starts inside reasoning.
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rlgate.chat.conversation import Message, ToolSpec
+from rlgate.chat.render_cache import RenderCache
 
 
 class BridgeError(Exception):
@@ -52,13 +58,13 @@ class PromptRenderer(Protocol):
 
     def render_ids(
         self, messages: list[Message], tools: list[ToolSpec] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
+        template_kwargs: dict[str, Any] | None = None, *, max_chars: int | None = None,
     ) -> list[int]: ...
 
     def bridge_ids(
         self, *, parent: ParentTurn, leading_system: Message | None, new_messages: list[Message],
         tools: list[ToolSpec] | None = None, template_kwargs: dict[str, Any] | None = None,
-        cache_key: str | None = None,
+        cache_key: str | None = None, cache: RenderCache | None = None, max_chars: int | None = None,
     ) -> list[int]: ...
 
     def reasoning_open(self, prompt_ids: list[int]) -> bool: ...

@@ -10,16 +10,25 @@ in the token sequence whatever the template would drop — because that is what 
 means; a fresh rendering (``rerender`` mode, first turns) stays faithful to the template.
 The bridge's result is accepted only if it starts with the parent's prompt and output tokens
 exactly (the package may close a truncated turn, which then becomes part of our bridge).
+
+Bounds (issue 15): the package renders hand-coded templates message by message and never
+builds a text the client controls beyond the messages themselves, which the caller bounded
+by characters before calling (``GenerationService.build_prompt``); ``max_chars`` is checked
+on the messages' text here too. Client template kwargs reach only the typed config fields
+the package validates. Renderers run on worker threads, so the config cache takes a lock.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from rlgate.chat.conversation import Message, ToolSpec, canonical_json
 from rlgate.chat.families.base import BridgeError, ModelFamily, ParentTurn, TemplateError
+from rlgate.chat.prompt_bounds import check_chars
+from rlgate.chat.render_cache import RenderCache
 
 _MAX_CONFIGS = 32  # distinct template-kwarg sets kept per gateway
 
@@ -72,31 +81,36 @@ class RenderersRenderer:
         self.reasoning_start = reasoning_start
         self._prepare = prepare
         self._renderers: dict[str, Any] = {}
+        self._lock = threading.Lock()
         self._renderer({})  # fail at startup, not on the first request
 
     def _renderer(self, template_kwargs: dict[str, Any] | None) -> Any:
+        key = canonical_json(template_kwargs or {})
+        with self._lock:
+            r = self._renderers.get(key)
+            if r is None:
+                r = self._renderers[key] = self._new_renderer(template_kwargs)
+                if len(self._renderers) > _MAX_CONFIGS:
+                    self._renderers.pop(next(iter(self._renderers)))
+            return r
+
+    def _new_renderer(self, template_kwargs: dict[str, Any] | None) -> Any:
         from renderers import create_renderer, merge_chat_template_kwargs
 
-        key = canonical_json(template_kwargs or {})
-        r = self._renderers.get(key)
-        if r is None:
-            config = self._config_cls(**{"thinking_retention": "all", **self._options})
-            try:
-                config = merge_chat_template_kwargs(config, template_kwargs or None)
-            except (ValueError, TypeError) as exc:
-                raise TemplateError(f"unsupported chat template arguments: {exc}") from exc
-            r = create_renderer(self.tokenizer, config)
-            if len(self._renderers) >= _MAX_CONFIGS:
-                self._renderers.pop(next(iter(self._renderers)))
-            self._renderers[key] = r
-        return r
+        config = self._config_cls(**{"thinking_retention": "all", **self._options})
+        try:
+            config = merge_chat_template_kwargs(config, template_kwargs or None)
+        except (ValueError, TypeError) as exc:
+            raise TemplateError(f"unsupported chat template arguments: {exc}") from exc
+        return create_renderer(self.tokenizer, config)
 
     @staticmethod
     def _tools(tools: list[ToolSpec] | None) -> list[dict[str, Any]] | None:
         return [t.to_openai() for t in tools] if tools else None
 
     def render_ids(self, messages: list[Message], tools: list[ToolSpec] | None = None,
-                   template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                   template_kwargs: dict[str, Any] | None = None, *, max_chars: int | None = None) -> list[int]:
+        check_chars_of(messages, max_chars)
         r = self._renderer(template_kwargs)
         try:
             if self._prepare is not None:
@@ -109,7 +123,9 @@ class RenderersRenderer:
 
     def bridge_ids(self, *, parent: ParentTurn, leading_system: Message | None, new_messages: list[Message],
                    tools: list[ToolSpec] | None = None, template_kwargs: dict[str, Any] | None = None,
-                   cache_key: str | None = None) -> list[int]:
+                   cache_key: str | None = None, cache: RenderCache | None = None,
+                   max_chars: int | None = None) -> list[int]:
+        check_chars_of(new_messages, max_chars)
         r = self._renderer(template_kwargs)
         head = parent.prompt_ids + parent.output_ids
         if self._prepare is not None:
@@ -131,6 +147,12 @@ class RenderersRenderer:
             return False
         text = self.tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
         return text.rstrip().endswith(self.reasoning_start)
+
+
+def check_chars_of(messages: list[Message], max_chars: int | None) -> None:
+    """:class:`~rlgate.chat.prompt_bounds.PromptTooLong` if the messages' text alone is over ``max_chars``."""
+    if max_chars is not None:
+        check_chars("".join(m.text + (m.reasoning or "") for m in messages), max_chars)
 
 
 def renderers_backend(renderer_name: str, **kw: Any) -> Any:

@@ -30,6 +30,7 @@ class RequestState:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[TokenDelta | BaseException]
     stop_ids: frozenset[int] = frozenset()
+    session_id: str | None = None  # whose request (admission is fair across sessions)
     num_generated: int = 0
     finished: bool = False  # set by the worker once the final delta is sent
     aborted: bool = False  # set by the consumer (stream closed early)

@@ -20,6 +20,9 @@ feeds one token per row, so every row advances by exactly one column.
 * **Leaving.** Finished and aborted rows are dropped with an index select; sequence
   columns that became padding in every remaining row are trimmed from the left.
 
+Admission (:mod:`.admission`) is fair across sessions: one session holds at most
+``max_rows_per_session`` rows, and free rows go round-robin to the sessions holding fewest.
+
 Sampling (:mod:`.sampling`) draws each row's token from its own seeded generator, so a
 seeded request produces the same tokens whatever else is in the batch.
 """
@@ -48,6 +51,7 @@ from rlgate.engine.base import (
     TokenDelta,
     WeightUpdateError,
 )
+from rlgate.engine.local.admission import admit_fairly
 from rlgate.engine.local.batch import Batch, Command, RequestState, coalesce
 from rlgate.engine.local.cache import PaddedCache, attention_layer_count
 from rlgate.engine.local.sampling import sample_tokens
@@ -78,6 +82,7 @@ class LocalEngine(StreamingEngineMixin):
         dtype: torch.dtype | None = None,
         max_batch_size: int = EngineOptions.max_batch_size,
         max_context_length: int | None = None,
+        max_rows_per_session: int | None = None,
     ) -> None:
         if (model_path is None) == (model is None):
             raise ValueError("pass exactly one of model_path or model")
@@ -109,6 +114,8 @@ class LocalEngine(StreamingEngineMixin):
                 raise ValueError("the model config has no max_position_embeddings; pass max_context_length")
         self._max_context_length = int(max_context_length)
         self._max_batch_size = max_batch_size
+        # one session cannot take the whole batch while others wait (default: half of it)
+        self._max_rows_per_session = max_rows_per_session or max(1, max_batch_size // 2)
         self._version = 0
         self._seed_rng = random.Random()
 
@@ -194,6 +201,7 @@ class LocalEngine(StreamingEngineMixin):
             loop=asyncio.get_running_loop(),
             queue=asyncio.Queue(),
             stop_ids=frozenset(sampling.stop_token_ids),
+            session_id=request.session_id,
         )
         with self._cv:
             if self._stopping:
@@ -295,20 +303,12 @@ class LocalEngine(StreamingEngineMixin):
         self._shutdown()
 
     def _admit(self) -> list[RequestState]:
-        """Pop pending requests that fit in the batch (caller holds the lock)."""
-        free = self._max_batch_size - (len(self._batch) if self._batch is not None else 0)
-        admitted: list[RequestState] = []
-        longest = 0
-        while self._pending and len(admitted) < free:
-            req = self._pending[0]
-            if req.aborted:
-                self._pending.popleft()
-                continue
-            longest_if_added = max(longest, len(req.input_ids))
-            if admitted and longest_if_added * (len(admitted) + 1) > PREFILL_TOKEN_BUDGET:
-                break
-            admitted.append(self._pending.popleft())
-            longest = longest_if_added
+        """Pop pending requests that fit in the batch, fairly across sessions (caller holds the lock)."""
+        running = self._batch.rows if self._batch is not None else []
+        free = self._max_batch_size - len(running)
+        if free <= 0 or not self._pending:
+            return []
+        admitted = admit_fairly(self._pending, running, free, self._max_rows_per_session, PREFILL_TOKEN_BUDGET)
         if admitted and self.on_queue_wait is not None:
             now = time.perf_counter()
             for req in admitted:

@@ -18,7 +18,10 @@ fsync itself and the hand-offs to and from the sync thread (one per group of com
 The barrier: ``submit`` returns the change's sequence number; ``wait_durable(seqs)``
 returns once those writes (and all before them) are durable, and raises
 :class:`StoreError` only if one of *them* failed. A failed transaction is retried one write
-at a time, so one bad write cannot sink the others.
+at a time, so one bad write cannot sink the others. An ``UPDATE`` that matches no row fails
+too: the row it meant to change was never written (a write that failed before), and a
+change reported as done must not vanish silently. ``on_failed`` hears of every failed
+change, so the caller can forget what it believed written.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +56,10 @@ class GroupCommit:
     MIN_FSYNC_INTERVAL_S = 0.001  # at most ~1000 fsyncs a second; each covers every commit before it
     CHECKPOINT_INTERVAL_S = 1.0  # checkpoint the WAL into the database at most this often (if it changed)
 
-    def __init__(self, conn: sqlite3.Connection, path: Path, *, synchronous: str) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: Path, *, synchronous: str,
+                 on_failed: Callable[[list[tuple[str, tuple[Any, ...]]]], None] | None = None) -> None:
         self.conn = conn
+        self.on_failed = on_failed
         self.path = path
         self.synchronous = synchronous
         self.db_lock = threading.Lock()  # the connection: event loop, close(), reads at startup
@@ -293,8 +298,7 @@ class GroupCommit:
         try:
             c.execute("BEGIN")
             for _, ops in jobs:
-                for sql, params in ops:
-                    c.execute(sql, params)
+                _execute(c, ops)
             c.execute("COMMIT")
             self.stats["commits"] += 1
             self.stats["writes"] += len(jobs)
@@ -306,8 +310,7 @@ class GroupCommit:
         for seq, ops in jobs:
             try:
                 c.execute("BEGIN")
-                for sql, params in ops:
-                    c.execute(sql, params)
+                _execute(c, ops)
                 c.execute("COMMIT")
                 self.stats["commits"] += 1
                 self.stats["writes"] += 1
@@ -316,6 +319,8 @@ class GroupCommit:
                 log.error("store: write %d failed: %r", seq, exc, exc_info=True)
                 failed.append((seq, f"the trajectory store could not write: {exc}"))
                 self.stats["failed_writes"] += 1
+                if self.on_failed is not None:
+                    self.on_failed(ops)
         return failed
 
     def _rollback(self) -> None:
@@ -323,6 +328,17 @@ class GroupCommit:
             self.conn.execute("ROLLBACK")
         except sqlite3.Error:
             pass
+
+
+class _NoRow(sqlite3.Error):
+    """An UPDATE matched no row."""
+
+
+def _execute(c: sqlite3.Connection, ops: list[tuple[str, tuple[Any, ...]]]) -> None:
+    for sql, params in ops:
+        cur = c.execute(sql, params)
+        if sql.startswith("UPDATE") and cur.rowcount == 0:
+            raise _NoRow(f"the row this change updates was never written ({sql.split(' SET ')[0]})")
 
 
 def _resolve(fut: asyncio.Future[None], err: str | None) -> None:

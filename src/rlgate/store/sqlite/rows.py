@@ -81,6 +81,15 @@ class RowCodec:
         self._inserted.add(i.id)
         return INSERT_INTERACTION, row
 
+    def forget_failed(self, ops: list[Statement]) -> None:
+        """A change was not written: an interaction whose insert failed is no base for delta
+        encoding, and its next save (if any) inserts it again instead of updating nothing."""
+        for sql, params in ops:
+            if sql == INSERT_INTERACTION:
+                iid = params[0]
+                self._inserted.discard(iid)
+                self._live.pop(iid, None)
+
     def delete_session(self, session_id: str) -> list[Statement]:
         for iid in self._by_session.pop(session_id, ()):
             self._live.pop(iid, None)

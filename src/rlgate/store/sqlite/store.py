@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlgate.store.base import StoreOptions, Synchronous
+from rlgate.store.base import StoreError, StoreOptions, Synchronous
 from rlgate.store.sqlite.codec import to_json
 from rlgate.store.sqlite.commits import GroupCommit
 from rlgate.store.sqlite.files import lock_and_create
@@ -47,7 +47,7 @@ class SQLiteStore:
             os.close(self._lock_fd)
             raise
         self._rows = RowCodec()
-        self._commits = GroupCommit(conn, self.path, synchronous=synchronous)
+        self._commits = GroupCommit(conn, self.path, synchronous=synchronous, on_failed=self._rows.forget_failed)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -65,9 +65,13 @@ class SQLiteStore:
         return {k: json.loads(v) for k, v in self._commits.query("SELECT key, value FROM meta")}
 
     def load(self) -> list[Session]:
-        sessions = self._commits.query(f"SELECT {', '.join(SESSION_COLS)} FROM sessions ORDER BY created_at, rowid")
-        interactions = self._commits.query(
-            f"SELECT {', '.join(STATIC_COLS + DYNAMIC_COLS)} FROM interactions ORDER BY seq")
+        try:
+            sessions = self._commits.query(
+                f"SELECT {', '.join(SESSION_COLS)} FROM sessions ORDER BY created_at, rowid")
+            interactions = self._commits.query(
+                f"SELECT {', '.join(STATIC_COLS + DYNAMIC_COLS)} FROM interactions ORDER BY seq")
+        except sqlite3.Error as exc:  # a damaged file: one line at start-up, not a traceback
+            raise StoreError(f"cannot read the store {self.path}: {exc}") from exc
         return self._rows.load(sessions, interactions)
 
     # ------------------------------------------------------------------ writes
