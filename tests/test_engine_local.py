@@ -362,6 +362,60 @@ async def test_weight_update_mid_generation_tags_versions(
     assert await eng.bump_version() == 2
 
 
+async def settle() -> None:
+    """Let tasks run until nothing is ready (deltas already queued reach their consumers)."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+async def test_pause_holds_tokens_and_an_update_mid_stream_recomputes_with_the_new_weights(
+    fresh_engine: LocalEngine, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """pause -> load -> continue mid-stream: nothing is produced while paused, the stream ends
+    normally, tokens before the pause are version 0 and exactly the old model's greedy tokens,
+    tokens after are version 1 and exactly the new model's greedy continuation of that prefix
+    (the prefix's KV cache was recomputed with the new weights, so logprobs match too)."""
+    eng = fresh_engine
+    new_model = perturbed_model(tiny_model_dir)
+    new_model.save_pretrained(tmp_path / "ckpt")
+    prompt, n = PROMPTS[1], 400
+    uninterrupted = await eng.generate(req(prompt, max_new_tokens=n, temperature=0))
+    got: list = []
+    other: list = []
+
+    async def consume(stream, into: list) -> None:
+        async for d in stream:
+            into.append(d)
+
+    tasks = [asyncio.create_task(consume(eng.stream(req(prompt, max_new_tokens=n, temperature=0)), got)),
+             asyncio.create_task(consume(eng.stream(req(PROMPTS[0], max_new_tokens=n, temperature=0)), other))]
+    assert await wait_until(lambda: got and other)
+    await eng.pause_generation()
+    assert eng.paused
+    await settle()
+    k = sum(len(d.token_ids) for d in got)
+    assert await eng.update_weights_from_path(tmp_path / "ckpt") == 1  # runs while paused
+    await settle()
+    assert sum(len(d.token_ids) for d in got) == k, "tokens were produced while paused"
+    await eng.continue_generation()
+    await asyncio.gather(*tasks)
+    assert got[-1].finish_reason == "length" and other[-1].finish_reason == "length"
+    assert 1 <= k < n, "the update did not happen mid-stream"
+
+    ids = [t for d in got for t in d.token_ids]
+    versions = [v for d in got for v in d.versions]
+    lps = [lp for d in got for lp in d.logprobs]
+    assert len(ids) == n
+    assert versions == [0] * k + [1] * (n - k)
+    assert ids[:k] == uninterrupted.output_ids[:k]
+    # after the update: the new model's greedy continuation of the prefix, with its logprobs
+    with torch.no_grad():
+        logits = new_model(torch.tensor([list(prompt) + ids])).logits[0, len(prompt) - 1 : -1].float()
+    assert ids[k:] == logits.argmax(-1).tolist()[k:]
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(lps[k:]), expected[k:], atol=1e-4, rtol=0)
+
+
 async def test_bad_weight_updates_keep_old_weights(
     fresh_engine: LocalEngine, tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -531,7 +531,7 @@ async def test_vllm_weight_update_protocol_and_missing_dev_mode():
     engine = vllm(handler)
     assert await engine.update_weights_from_path("/ckpt/v1") == 1
     assert calls == [
-        ("/pause?mode=wait", None),
+        ("/pause?mode=abort", None),
         ("/collective_rpc", {"method": "update_config", "timeout": 1800.0,
                              "args": [{"model_config": {"model": "/ckpt/v1"}}]}),
         ("/collective_rpc", {"method": "reload_weights", "timeout": 1800.0}),

@@ -72,7 +72,26 @@ async def with_keepalive(source: AsyncIterator[T], interval: float | None) -> As
         # being cancelled (a client disconnect cancels the response task, possibly repeatedly)
         # cannot interrupt the cleanup, so the engine request is always aborted and recorded.
         cleanup = loop.create_task(_close(step, source), context=context)
-        await asyncio.shield(cleanup)
+        await _outlast(cleanup)
+
+
+async def _outlast(task: asyncio.Task[Any]) -> None:
+    """Wait for ``task`` even through cancellations of the current task (re-raised once it is done).
+
+    The request is not over before its generation is recorded: the shutdown drain waits for the
+    requests in flight and then closes the store (``server/inflight.py``), so a request that
+    returned while its cleanup still ran lost its ``abort`` record (issue 15, defect 6)."""
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():  # the cleanup itself was cancelled: task.result() below says so
+                break
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    task.result()  # the cleanup's own exception, if any
 
 
 async def _close(step: asyncio.Task[Any] | None, source: AsyncIterator[Any]) -> None:

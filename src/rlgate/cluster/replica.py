@@ -16,9 +16,11 @@ Weight updates are driven by :class:`~rlgate.cluster.controller.WeightController
 phases, each an actor call:
 
 1. :meth:`pause`: admission paused (generation requests that arrive wait at the door, see
-   :class:`AdmissionGate`) and in-flight generation paused inside the engine where it can
-   (``pause_generation``: the fake engine; the local engine loads between decoding steps,
-   remote engines pause their backends during their own load);
+   :class:`AdmissionGate`) and in-flight generation paused inside the engine
+   (``pause_generation``): the fake engine holds tokens; the local engine stops between two
+   decoding steps; SGLang / vLLM engines pause every backend with the server's pause mode
+   (held requests continue later, aborted ones are resumed from their prefix, see
+   ``engine/remote/engine.py``);
 2. :meth:`load`: the checkpoint is loaded; the engine's version goes up by one;
 3. :meth:`resume`: generation continues, then admission reopens.
 

@@ -97,6 +97,7 @@ class FakeBackend:
         self._resumed: asyncio.Event | None = None
         self.in_flight = 0
         self.abort_epoch = 0  # bumped to abort everything in flight
+        self.aborted_by_pause = 0  # requests aborted by pause(mode="abort")
         self.faults: collections.deque[Fault] = collections.deque()
         self.requests: list[dict[str, Any]] = []
         self.sessions: collections.Counter[str] = collections.Counter()
@@ -124,6 +125,7 @@ class FakeBackend:
             "paused": self.paused,
             "frozen": self.frozen,
             "pause_calls": self.pause_calls,
+            "aborted_by_pause": self.aborted_by_pause,
             "in_flight": self.in_flight,
             "pending_faults": [f.name for f in self.faults],
         }
@@ -136,13 +138,18 @@ class FakeBackend:
     # ------------------------------------------------------------------ pause / weights
 
     async def pause(self, how: str) -> None:
-        """``wait``: finish what is in flight; ``abort``: abort it; anything else: freeze it."""
+        """New requests wait until :meth:`resume`; requests in flight: ``wait``: they finish first;
+        ``abort``: they end with an abort (returns once they are gone, like SGLang's and vLLM's
+        abort modes); anything else (SGLang ``retract`` / ``in_place``, vLLM ``keep``): they are
+        frozen and continue after :meth:`resume`."""
         self.pause_calls.append(how)
         self.paused = True
         if self._resumed is not None:
             self._resumed.clear()
         if how == "abort":
             self.abort_epoch += 1
+            self.aborted_by_pause += self.in_flight
+            await self.wait_idle()
         elif how == "wait":
             await self.wait_idle()
         else:
@@ -191,6 +198,7 @@ class FakeBackend:
         stream = self.engine.stream(req)
         produced: list[int] = []
         self.in_flight += 1
+        counted = True
         try:
             async for delta in stream:
                 for piece in _split_by_version(delta):
@@ -202,12 +210,15 @@ class FakeBackend:
                         await asyncio.sleep(self.chunk_delay)
                     await self._wait("frozen")
                     if self.abort_epoch != epoch:
+                        self.in_flight -= 1  # gone for the pause that aborted it, whenever the consumer lets go
+                        counted = False
                         yield Event([], [], self.label, "abort")
                         return
                     label = self.labels.get(piece.versions[0], self.label) if piece.versions else self.label
                     yield Event(piece.token_ids, lps, label, piece.finish_reason)
         finally:
-            self.in_flight -= 1
+            if counted:
+                self.in_flight -= 1
             await stream.aclose()
 
     async def _raw(self, seq: list[int], n: int) -> list[float]:

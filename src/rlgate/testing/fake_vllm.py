@@ -267,8 +267,13 @@ async def _stream(fb: FakeBackend, req: GenerateRequest, prompt: list[int], cid:
     text_len = 0
     try:
         async for ev in fb.events(req):
-            if ev.finish == "abort" or (fault is not None and fault.name == "finish_abort" and sent >= fault.after):
-                yield sse(_error_body("None"))  # vLLM turns an aborted request into an error event
+            if ev.finish == "abort":  # aborted on the server (a pause with mode=abort): vLLM's last chunk
+                choice = _choice(fb, prompt, [], [], "abort", req.sampling, opts, text_len, sent == 0)
+                yield sse({"id": cid, "object": "text_completion", "created": created, "model": fb.model_name,
+                           "choices": [choice], "usage": None})
+                break
+            if fault is not None and fault.name == "finish_abort" and sent >= fault.after:
+                yield sse(_error_body("None"))  # older vLLM turned an aborted request into an error event
                 break
             choice = _choice(fb, prompt, ev.ids, ev.logprobs, ev.finish, req.sampling, opts, text_len, sent == 0)
             n_out += len(ev.ids)

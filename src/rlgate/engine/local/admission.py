@@ -57,7 +57,7 @@ def admit_fairly(
     while heap and len(admitted) < free:
         n, seen, k = heapq.heappop(heap)
         req = queues[k][0]
-        longest_if_added = max(longest, len(req.input_ids))
+        longest_if_added = max(longest, len(req.input_ids) + req.num_generated)  # a retracted row: its prefix too
         if admitted and longest_if_added * (len(admitted) + 1) > prefill_token_budget:
             break
         queues[k].popleft()

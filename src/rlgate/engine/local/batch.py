@@ -31,10 +31,19 @@ class RequestState:
     queue: asyncio.Queue[TokenDelta | BaseException]
     stop_ids: frozenset[int] = frozenset()
     session_id: str | None = None  # whose request (admission is fair across sessions)
-    num_generated: int = 0
+    generated: list[int] = field(default_factory=list)  # tokens sampled so far (worker thread)
     finished: bool = False  # set by the worker once the final delta is sent
     aborted: bool = False  # set by the consumer (stream closed early)
     queued_at: float = field(default_factory=time.perf_counter)  # when it joined the queue (metrics)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.generated)
+
+    @property
+    def sequence(self) -> list[int]:
+        """Prompt + generated tokens: what a (re-)prefill feeds the model."""
+        return self.input_ids + self.generated
 
     @property
     def done(self) -> bool:

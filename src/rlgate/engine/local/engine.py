@@ -25,6 +25,20 @@ Admission (:mod:`.admission`) is fair across sessions: one session holds at most
 
 Sampling (:mod:`.sampling`) draws each row's token from its own seeded generator, so a
 seeded request produces the same tokens whatever else is in the batch.
+
+Weight updates
+--------------
+A swap (:meth:`LocalEngine.update_weights_from_path`, ``..._from_state_dict``,
+:meth:`LocalEngine.bump_version`) runs between two decoding steps. The rows in flight are then
+**retracted**: their KV cache (computed by the old weights) is dropped and, before the next
+token, prompt + tokens generated so far are prefilled again with the new weights. So every
+token is produced entirely by the weights its version names, and a request in flight across
+the update carries both versions (old ones first).
+
+:meth:`LocalEngine.pause_generation` stops the worker between two steps (it returns once no
+step is running: no token is produced until :meth:`LocalEngine.continue_generation`);
+requests in flight keep their rows and new ones queue. Weight swaps still run while paused.
+The cluster's weight-update barrier uses it: pause every replica, load everywhere, continue.
 """
 
 from __future__ import annotations
@@ -124,6 +138,7 @@ class LocalEngine(StreamingEngineMixin):
         self._pending: deque[RequestState] = deque()
         self._commands: deque[Command] = deque()
         self._stopping = False
+        self._paused = False  # pause_generation: no decoding step until continue_generation
         self._thread: threading.Thread | None = None
         # Worker-thread state.
         self._batch: Batch | None = None
@@ -150,6 +165,10 @@ class LocalEngine(StreamingEngineMixin):
     @property
     def device(self) -> torch.device:
         return self._device
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
 
     @property
     def num_active(self) -> int:
@@ -260,8 +279,31 @@ class LocalEngine(StreamingEngineMixin):
         return await self._run_command(self._bump)
 
     def _bump(self) -> int:
+        """New weights are in place (worker thread, between steps): retract the rows in flight."""
         self._version += 1
+        self._retract()
         return self._version
+
+    def _retract(self) -> None:
+        """Drop the running batch's KV cache; its rows are prefilled again (prompt + generated) first."""
+        batch, self._batch = self._batch, None
+        if batch is None:
+            return
+        rows = [r for r in batch.rows if not r.done]
+        with self._cv:
+            self._pending.extendleft(reversed(rows))
+
+    async def pause_generation(self) -> None:
+        """Stop between two decoding steps; returns once no step runs (requests in flight wait)."""
+        with self._cv:
+            self._paused = True
+        await self._run_command(lambda: self._version)  # runs between steps, after any step in progress
+
+    async def continue_generation(self) -> None:
+        """Resume decoding after :meth:`pause_generation` (requests continue where they stopped)."""
+        with self._cv:
+            self._paused = False
+            self._cv.notify_all()
 
     def restore_version(self, version: int) -> None:
         """Declare the weights loaded now to be ``version`` (a replica catching up after a restart)."""
@@ -283,15 +325,19 @@ class LocalEngine(StreamingEngineMixin):
     def _worker(self) -> None:
         while True:
             with self._cv:
-                while not (self._stopping or self._commands or self._pending or self._batch is not None):
+                while not (self._stopping or self._commands
+                           or (not self._paused and (self._pending or self._batch is not None))):
                     self._cv.wait()
                 if self._stopping:
                     break
                 commands = list(self._commands)
                 self._commands.clear()
-                newcomers = self._admit()
+                paused = self._paused  # decided with the commands: a pause's own command sees it
+                newcomers = [] if paused else self._admit()
             for command in commands:
                 self._run(command)
+            if paused:
+                continue
             try:
                 self._step(newcomers)
             except Exception as e:  # keep serving: fail what was in flight, start afresh
@@ -312,7 +358,8 @@ class LocalEngine(StreamingEngineMixin):
         if admitted and self.on_queue_wait is not None:
             now = time.perf_counter()
             for req in admitted:
-                self.on_queue_wait(now - req.queued_at)
+                if not req.num_generated:  # a row retracted by a weight update is not a new wait
+                    self.on_queue_wait(now - req.queued_at)
         return admitted
 
     def _run(self, command: Command) -> None:
@@ -345,13 +392,14 @@ class LocalEngine(StreamingEngineMixin):
                 self._drop_done()
 
     def _prefill(self, reqs: list[RequestState]) -> tuple[Batch, torch.Tensor]:
-        """Run the prompts of ``reqs`` (left padded) through the model; return the batch and last logits."""
-        length = max(len(r.input_ids) for r in reqs)
+        """Run the sequences of ``reqs`` (left padded) through the model; return the batch and last logits."""
+        seqs = [r.sequence for r in reqs]  # prompt, + the tokens generated so far for a retracted row
+        length = max(len(q) for q in seqs)
         ids = torch.zeros(len(reqs), length, dtype=torch.long)
         mask = torch.zeros(len(reqs), length, dtype=torch.long)
-        for i, r in enumerate(reqs):
-            ids[i, length - len(r.input_ids) :] = torch.tensor(r.input_ids)
-            mask[i, length - len(r.input_ids) :] = 1
+        for i, q in enumerate(seqs):
+            ids[i, length - len(q) :] = torch.tensor(q)
+            mask[i, length - len(q) :] = 1
         ids, mask = ids.to(self._device), mask.to(self._device)
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)
         cache = PaddedCache(self._num_layers)
@@ -385,7 +433,7 @@ class LocalEngine(StreamingEngineMixin):
         for req, tok, lp in zip(batch.rows, tokens, logprobs, strict=True):
             if req.done:
                 continue
-            req.num_generated += 1
+            req.generated.append(tok)
             finish = self._finish_reason(req, tok)
             req.finished = finish is not None
             req.push(TokenDelta([tok], [lp], [version], finish))

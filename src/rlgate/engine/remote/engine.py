@@ -18,12 +18,28 @@ request. Nothing malformed is ever yielded: every event is validated before its 
 are passed on, and a stream that fails part-way fails the whole interaction (it is
 recorded as failed and never exported).
 
+Weight updates that clients never notice
+----------------------------------------
+During an update (and between :meth:`RemoteEngine.pause_generation` and
+:meth:`RemoteEngine.continue_generation`, the cluster barrier) new requests wait at the
+engine's door, and each backend pauses the requests it is running in its own way (the server
+kind's ``pause_mode``): SGLang ``retract`` / ``in_place`` and vLLM ``keep`` hold them and
+continue them after the update; vLLM ``wait`` lets them finish first; SGLang and vLLM
+``abort`` abort them. An aborted request is **resumed from its prefix**: once generation
+continues, the engine sends prompt + the tokens already passed on as a new request (with the
+remaining ``max_new_tokens``) and goes on with the same stream, so the caller sees one
+uninterrupted generation, never an ``abort``. An abort that no pause caused is a backend
+failure (503).
+
 Versions
 --------
 Tokens are tagged with the gateway's weight version current when their event arrived.
 During an update, generation is paused on every backend before any of them loads new
 weights and resumed only after the version is bumped, so an event that arrives before
-the bump was produced by the old weights. SGLang also labels each event with its
+the bump was produced by the old weights. Server kinds whose pause ends or aborts every
+request in flight before weights change (``tags_by_start``: vLLM ``wait`` and ``abort``) tag
+every token of a request with the version current when it was sent, which is exact however
+late its events are read. SGLang also labels each event with its
 ``weight_version``; when the label is known the engine uses it, and a label that does
 not belong to the current weights fails the request (nothing mixes versions silently).
 """
@@ -31,6 +47,7 @@ not belong to the current weights fails the request (nothing mixes versions sile
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncGenerator, Iterable
@@ -38,9 +55,17 @@ from typing import Any, ClassVar
 
 import httpx
 
-from rlgate.engine.base import EngineError, GenerateRequest, SamplingParams, StreamingEngineMixin, TokenDelta
+from rlgate.engine.base import (
+    EngineError,
+    FinishReason,
+    GenerateRequest,
+    SamplingParams,
+    StreamingEngineMixin,
+    TokenDelta,
+)
 from rlgate.engine.remote.backend import Backend
 from rlgate.engine.remote.errors import (
+    BackendAborted,
     BackendRejected,
     BackendUnreachable,
     MalformedResponse,
@@ -52,12 +77,17 @@ from rlgate.engine.remote.pool import BackendPool, Failover
 from rlgate.engine.remote.weights import BackendWeights
 from rlgate.engine.remote.wire import Chunk, StreamState, check_tokens, drain, sse_data
 
-__all__ = ["PROBE_TIMEOUT", "RemoteEngine"]
+__all__ = ["MAX_RESUMES", "PROBE_TIMEOUT", "RemoteEngine"]
 
 log = logging.getLogger("rlgate.engine.remote")
 
 PROBE_TIMEOUT = 10.0  # seconds for info requests (model info, /v1/models, server info)
 _UNKNOWN_CONTEXT = 1 << 30  # context length used until a backend reports its own
+MAX_RESUMES = 16  # times one request may be aborted by weight updates and resumed from its prefix
+
+
+class _AbortedByPause(Exception):
+    """The backend aborted a request because generation was paused: resume it from its prefix."""
 
 
 class RemoteEngine(StreamingEngineMixin):
@@ -236,6 +266,42 @@ class RemoteEngine(StreamingEngineMixin):
         """The label the server gets for the gateway's weight ``version``."""
         return str(version)
 
+    @property
+    def tags_by_start(self) -> bool:
+        """Does a pause end or abort every request in flight before weights change? (Then every
+        token of a request was produced by the version current when it was sent.)"""
+        return False
+
+    # ------------------------------------------------------------------ pause (the cluster barrier)
+
+    async def pause_generation(self) -> None:
+        """Pause generation on every backend (the server kind's ``pause_mode``) until
+        :meth:`continue_generation`; new requests wait. A weight update may run meanwhile."""
+        await self.ensure_ready()
+        await self.weights.pause_all()
+
+    async def continue_generation(self) -> None:
+        """Continue after :meth:`pause_generation`: held requests go on, aborted ones resume from their prefix."""
+        await self.weights.resume_all()
+
+    @property
+    def paused(self) -> bool:
+        return self.weights.pause.paused
+
+    def restore_version(self, version: int) -> None:
+        """Declare the weights the backends hold now to be ``version`` (a replica catching up after
+        a restart, or one that missed updates)."""
+        pool, old = self.pool, self.pool.version
+        if version == old:
+            return
+        for b in pool.backends:
+            if b.version == old:
+                b.version = version
+            for label, v in list(b.labels.items()):
+                if v == old:
+                    b.labels[label] = version
+        pool.version = version
+
     # ------------------------------------------------------------------ generation
 
     def _validate(self, request: GenerateRequest) -> None:
@@ -277,16 +343,21 @@ class RemoteEngine(StreamingEngineMixin):
             raise EngineError("the engine is shutting down", status=503, code="engine_unavailable")
         await self.ensure_ready()
         self._validate(request)
+        produced: list[int] = []  # tokens passed on, over every attempt
+        current, resumes = request, 0
+        pause = self.weights.pause
         retried = False
         while True:
+            await pause.wait()  # paused for a weight update: new work waits at the door
             b = self.pool.route(request.session_id)
-            start_version = self.pool.version
+            start_version, epoch = self.pool.version, pause.epoch
             b.in_flight += 1
             b.served += 1
             sent = False
             try:
-                async for delta in self._stream_from(b, request, start_version, retry_stale=not retried):
+                async for delta in self._stream_from(b, current, start_version, epoch, retry_stale=not retried):
                     sent = True
+                    produced.extend(delta.token_ids)
                     yield delta
                 return
             except _StaleConnection:
@@ -294,6 +365,18 @@ class RemoteEngine(StreamingEngineMixin):
                 # reached it (no response started). Sent again once, on a fresh connection.
                 retried = True
                 continue
+            except _AbortedByPause:
+                resumes += 1
+                if resumes > MAX_RESUMES:
+                    raise EngineError(f"{self.kind} backend {b.url}: the request was aborted by {resumes} weight "
+                                      "updates in a row", status=503, code="backend_unavailable") from None
+                done = _finished(request, produced)
+                if done is not None:
+                    yield TokenDelta([], [], [], done)
+                    return
+                current = _continuation(request, produced, resumes)
+                log.info("%s: request %s aborted by a weight update after %d tokens; resuming from its prefix",
+                         self.kind, request.request_id or "-", len(produced))
             except BackendUnreachable:
                 # Nothing reached the backend: with failover="move" the request (and its session)
                 # moves to another backend; route() raises 503 once none is left.
@@ -302,7 +385,7 @@ class RemoteEngine(StreamingEngineMixin):
             finally:
                 b.in_flight -= 1
 
-    async def _stream_from(self, b: Backend, request: GenerateRequest, start_version: int,
+    async def _stream_from(self, b: Backend, request: GenerateRequest, start_version: int, epoch: int,
                            retry_stale: bool = False) -> AsyncGenerator[TokenDelta, None]:
         st = StreamState(request, b)
         responded = False
@@ -330,7 +413,8 @@ class RemoteEngine(StreamingEngineMixin):
                         raise MalformedResponse(f"{len(st.ids)} tokens generated; max_new_tokens was "
                                                 f"{request.sampling.max_new_tokens}")
                     if chunk.token_ids or chunk.finish is not None:
-                        v = self._version_of(b, chunk.weight_label, start_version)
+                        v = start_version if self.tags_by_start else self._version_of(b, chunk.weight_label,
+                                                                                      start_version)
                         st.finished = chunk.finish is not None
                         yield TokenDelta(chunk.token_ids, chunk.logprobs, [v] * len(chunk.token_ids), chunk.finish)
                     if st.finished:
@@ -344,6 +428,11 @@ class RemoteEngine(StreamingEngineMixin):
                 return
             raise EngineError(f"{self.kind} backend {b.url} sent a malformed response: {exc}", status=502,
                               code="bad_backend_response") from exc
+        except BackendAborted as exc:
+            if self.weights.pause.epoch != epoch:  # a pause since it was sent: the pause aborted it
+                raise _AbortedByPause() from exc
+            raise EngineError(f"{self.kind} backend {b.url} aborted the request after {len(st.ids)} tokens: "
+                              f"{exc.message}", status=503, code="backend_unavailable") from exc
         except BackendRejected as exc:
             if exc.status in (429, 503):
                 status = 503
@@ -417,3 +506,19 @@ class RemoteEngine(StreamingEngineMixin):
 
 class _StaleConnection(Exception):
     """The backend closed a reused connection before any response: safe to send the request again."""
+
+
+def _finished(request: GenerateRequest, produced: list[int]) -> FinishReason | None:
+    """The finish reason of a request aborted after ``produced`` tokens, if it had nothing left to do."""
+    if produced and produced[-1] in request.sampling.stop_token_ids:
+        return "stop"
+    if len(produced) >= request.sampling.max_new_tokens:
+        return "length"
+    return None
+
+
+def _continuation(request: GenerateRequest, produced: list[int], attempt: int) -> GenerateRequest:
+    """The request that continues ``request`` after ``produced`` tokens: prompt + prefix, the tokens left."""
+    sampling = dataclasses.replace(request.sampling, max_new_tokens=request.sampling.max_new_tokens - len(produced))
+    rid = f"{request.request_id}-resume{attempt}" if request.request_id else ""
+    return GenerateRequest(list(request.input_ids) + produced, sampling, request_id=rid, session_id=request.session_id)

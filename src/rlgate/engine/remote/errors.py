@@ -11,6 +11,7 @@ from rlgate.engine.base import EngineError, WeightUpdateError
 
 __all__ = [
     "MAX_ERROR_BODY",
+    "BackendAborted",
     "BackendRejected",
     "BackendUnreachable",
     "LoadRefused",
@@ -34,6 +35,15 @@ class BackendRejected(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
+
+
+class BackendAborted(BackendRejected):
+    """The backend aborted the request (SGLang ``finish_reason.type == "abort"``, vLLM
+    ``finish_reason == "abort"``). During a weight update the engine resumes it from the tokens
+    already generated; otherwise it is a backend failure (503)."""
+
+    def __init__(self, message: str, status: int | None = 503) -> None:
+        super().__init__(message, status)
 
 
 class BackendUnreachable(EngineError):

@@ -18,7 +18,7 @@ REMOTE_ENGINES = ("sglang", "vllm")
 
 SGLangPauseMode = Literal["retract", "in_place", "abort"]
 VLLMLogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
-VLLMPauseMode = Literal["wait", "keep", "abort"]
+VLLMPauseMode = Literal["abort", "wait", "keep"]
 
 
 @dataclass
@@ -36,9 +36,10 @@ class RemoteOptions:
     strict_logprobs: bool = option(False, "refuse (400) sampling parameters for which the backend's reported "
                                    "logprobs are not log_softmax(logits / T) (see docs/remote-engines.md)")
     sglang_pause_mode: SGLangPauseMode = option("retract", "how SGLang pauses in-flight requests during a weight "
-                                                "update")
+                                                "update (abort: they are resumed from their prefix, transparently)")
     sglang_return_original_logprob: bool = option(False, "the SGLang servers run with "
                                                   "SGLANG_RETURN_ORIGINAL_LOGPROB=1")
     vllm_logprobs_mode: VLLMLogprobsMode = option("raw_logprobs", "the vLLM servers' --logprobs-mode (read from "
                                                   "/server_info in dev mode)")
-    vllm_pause_mode: VLLMPauseMode = option("wait", "how vLLM pauses in-flight requests during a weight update")
+    vllm_pause_mode: VLLMPauseMode = option("abort", "how vLLM pauses in-flight requests during a weight update "
+                                            "(abort: they are resumed from their prefix, transparently)")

@@ -50,7 +50,7 @@ import httpx
 from rlgate.engine.base import FinishReason, GenerateRequest, WeightUpdateError
 from rlgate.engine.remote.backend import Backend
 from rlgate.engine.remote.engine import PROBE_TIMEOUT, RemoteEngine
-from rlgate.engine.remote.errors import BackendRejected, LoadRefused, MalformedResponse, error_message, error_text
+from rlgate.engine.remote.errors import BackendAborted, BackendRejected, LoadRefused, MalformedResponse, error_message, error_text
 from rlgate.engine.remote.options import RemoteOptions, SGLangPauseMode
 from rlgate.engine.remote.wire import Chunk, StreamState, as_float, as_int_list
 
@@ -237,8 +237,8 @@ def _finish(value: Any) -> FinishReason | None:
         return "length"
     if kind == "abort":
         status = value.get("status_code")
-        raise BackendRejected(f"the backend aborted the request: {value.get('message') or 'no reason given'}",
-                              status if isinstance(status, int) else 503)
+        raise BackendAborted(f"the backend aborted the request: {value.get('message') or 'no reason given'}",
+                             status if isinstance(status, int) else 503)
     raise MalformedResponse(f"unknown finish_reason {value!r}")
 
 

@@ -11,6 +11,11 @@
   is marked down: it gets no new sessions. A reachable backend that is not eligible
   rejoins once its weights are the current version, reloaded from the current checkpoint
   if needed. So a backend serves traffic only while it holds the gateway's current version.
+* **Pauses.** :class:`GenerationPause` says whether generation is paused (by an update, or by
+  the engine's ``pause_generation`` for a cluster-wide barrier) and counts pauses (``epoch``), so
+  the engine tells a request aborted *by a pause* (resumed from its prefix) from one aborted
+  for another reason (an error). Backends the engine paused itself (``held``) are not paused
+  again, nor resumed, by an update that runs inside that pause.
 """
 
 from __future__ import annotations
@@ -26,12 +31,50 @@ from rlgate.engine.remote.backend import Backend, BackendHooks
 from rlgate.engine.remote.errors import BackendRejected, LoadRefused, MalformedResponse, describe_exc
 from rlgate.engine.remote.pool import BackendPool
 
-__all__ = ["BackendWeights"]
+__all__ = ["BackendWeights", "GenerationPause"]
 
 log = logging.getLogger("rlgate.engine.remote")
 
 # What a backend's weight protocol raises when a step fails (the update or rejoin handles it).
 _BACKEND_FAILURES = (httpx.HTTPError, BackendRejected, MalformedResponse)
+
+
+class GenerationPause:
+    """Whether generation is paused, and how many pauses began so far (``epoch``)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0  # +1 at every pause: a request started in an older epoch may have been aborted by it
+        self.holders = 0  # pauses in progress (an engine-level pause and the update inside it)
+        self.held: list[Backend] = []  # backends paused by the engine-level pause
+        self._event: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def paused(self) -> bool:
+        return self.holders > 0
+
+    def _resumed(self) -> asyncio.Event:
+        loop = asyncio.get_running_loop()
+        if self._event is None or self._loop is not loop:
+            self._event, self._loop = asyncio.Event(), loop
+            if not self.holders:
+                self._event.set()
+        return self._event
+
+    def hold(self) -> None:
+        self.epoch += 1
+        self.holders += 1
+        self._resumed().clear()
+
+    def release(self) -> None:
+        self.holders = max(0, self.holders - 1)
+        if not self.holders:
+            self._resumed().set()
+
+    async def wait(self) -> None:
+        """Return once generation is not paused."""
+        while self.holders:
+            await self._resumed().wait()
 
 
 class BackendWeights:
@@ -42,6 +85,8 @@ class BackendWeights:
         self.hooks = hooks
         self.health_timeout = health_timeout
         self._lock: asyncio.Lock | None = None  # one update or rejoin at a time
+        self.pause = GenerationPause()
+        self._paused_by_engine = False
 
     @property
     def lock(self) -> asyncio.Lock:
@@ -132,9 +177,11 @@ class BackendWeights:
         new_label = hooks.label_for(new_version)
         t0 = time.perf_counter()
         paused: list[Backend] = []
+        self.pause.hold()
         try:
-            results = await asyncio.gather(*(self._pause(b) for b in targets))
-            paused = [b for b, ok in zip(targets, results, strict=True) if ok]
+            to_pause = [b for b in targets if b not in self.pause.held]  # the engine's own pause holds the rest
+            results = await asyncio.gather(*(self._pause(b) for b in to_pause))
+            paused = [b for b, ok in zip(to_pause, results, strict=True) if ok]
             errors = await asyncio.gather(*(self._load(b, path, new_label) for b in targets))
             failed = [(b, e) for b, e in zip(targets, errors, strict=True) if e is not None]
             if not failed:
@@ -155,6 +202,28 @@ class BackendWeights:
             raise await self._roll_back(targets, failed, path, old_version)
         finally:
             await asyncio.gather(*(self._resume(b) for b in paused))
+            self.pause.release()
+
+    async def pause_all(self) -> None:
+        """Pause generation on every serving backend until :meth:`resume_all` (the engine's
+        ``pause_generation``). Updates that run meanwhile load weights without pausing again."""
+        async with self.lock:
+            if self._paused_by_engine:
+                return
+            self._paused_by_engine = True
+            self.pause.hold()
+            targets = [b for b in self.pool.backends if self.pool.eligible(b)]
+            results = await asyncio.gather(*(self._pause(b) for b in targets))
+            self.pause.held = [b for b, ok in zip(targets, results, strict=True) if ok]
+
+    async def resume_all(self) -> None:
+        """Continue generation after :meth:`pause_all`."""
+        if not self._paused_by_engine:
+            return
+        held, self.pause.held = self.pause.held, []
+        self._paused_by_engine = False
+        await asyncio.gather(*(self._resume(b) for b in held))
+        self.pause.release()
 
     async def _roll_back(self, targets: list[Backend], failed: list[tuple[Backend, BaseException]], path: str,
                          old_version: int) -> WeightUpdateError:
