@@ -4,6 +4,8 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+TORCH := $(VENV)/.torch
+DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -15,16 +17,24 @@ AGENT_CLIS := @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0
 
 .PHONY: demo test test-fast lint fuzz bench install browser agent-clis clean
 
-$(STAMP): pyproject.toml
+# torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build here
+$(TORCH):
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
+	touch $(TORCH)
+
+$(DEMO_STAMP): pyproject.toml $(TORCH)
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+$(STAMP): pyproject.toml $(TORCH)
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/rlgate demo --out demo-out
 
 # Debian's chromium + chromium-driver for the viewer's browser tests (tests/browser.py), when missing.

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import time
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -31,7 +34,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600.0) -> None:
     """Poll ``url/health`` until 200; fail early (with its output, if piped) when ``proc`` exits."""
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -45,6 +48,22 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> No
             pass
         time.sleep(0.1)
     raise TimeoutError(f"{url} did not become healthy")
+
+
+async def eventually(condition: Callable[[], Any], *, timeout: float = 600.0, interval: float = 0.01,
+                     what: str = "the condition") -> None:
+    """Wait until ``condition()`` (or the coroutine it returns) is true. The timeout only stops a
+    test that would otherwise hang: it is far above what the condition needs on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ok = condition()
+        if asyncio.iscoroutine(ok):
+            ok = await ok
+        if ok:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not become true within {timeout:.0f} s")
+        await asyncio.sleep(interval)
 
 
 def brief_tiny_model(src, dst, eos_probability: float = 0.3):

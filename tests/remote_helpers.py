@@ -100,8 +100,8 @@ def stop(proc: subprocess.Popen, *, kill: bool = False) -> str:
     if proc.poll() is None:
         proc.kill() if kill else proc.terminate()
     try:
-        out, _ = proc.communicate(timeout=30)
+        out, _ = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, _ = proc.communicate(timeout=30)
+        out, _ = proc.communicate(timeout=300)
     return out or ""

@@ -267,14 +267,12 @@ async def test_export_waits_for_the_session_to_end(make_app, asgi_client):
     async with asgi_client(make_app()) as c:
         sid, key = await start_session(c)
         await c.post("/v1/chat/completions", headers=key_headers(key), json={"messages": USER})
-
-        async def end_soon():
-            await asyncio.sleep(0.2)
-            await c.post("/rl/end_session", headers=key_headers(key))
-
-        task = asyncio.create_task(end_soon())
-        r = await _export(c, sid, wait_timeout=5)
-        await task
+        export = asyncio.create_task(_export(c, sid, wait_timeout=600))
+        for _ in range(50):  # let the export request run up to its wait (event-loop turns, not time)
+            await asyncio.sleep(0)
+        assert not export.done()  # the session is active: the export waits
+        await c.post("/rl/end_session", headers=key_headers(key))
+        r = await export
         assert r.status_code == 200 and len(r.json()["interactions"]) == 1
 
 

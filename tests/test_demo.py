@@ -38,7 +38,7 @@ def test_math_sequence_trains_only_the_answer(tokenizer, stop_ids):
 
 
 def test_tools_sequence_is_the_conversation_the_gateway_renders(tokenizer, stop_ids):
-    from rlgate_examples.calculator_agent import CALCULATOR_TOOL
+    from rlgate.demo.calculator_agent import CALCULATOR_TOOL
 
     renderer = ChatRenderer(tokenizer)
     item = TASKS["tools"](seed=0).train[0]

@@ -10,13 +10,12 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from helpers import ADMIN_KEY, free_port, wait_healthy
+from helpers import ADMIN_KEY, eventually, free_port, wait_healthy
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -122,21 +121,23 @@ def test_sigkill_loses_nothing_a_client_saw(tiny_model_dir, tokenizer, tmp_path)
                 return
 
     async def run() -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=30,
+        async with httpx.AsyncClient(base_url=url, timeout=600,
                                      limits=httpx.Limits(max_connections=64)) as c:
             tasks = [asyncio.create_task(agent(c, k)) for k in range(n_sessions)]
-            await asyncio.sleep(2.0)
+            # well under way: every session has a turn done (and, streaming, many are mid-turn)
+            await eventually(lambda: sum(len(v) for v in seen.values()) >= 2 * n_sessions, timeout=600,
+                             what="two turns per session")
             proc.send_signal(signal.SIGKILL)  # mid-flight: many requests are generating right now
             await asyncio.gather(*tasks, return_exceptions=True)
 
     asyncio.run(run())
-    assert proc.wait(10) == -signal.SIGKILL
+    assert proc.wait(120) == -signal.SIGKILL
     total = sum(len(v) for v in seen.values())
     assert total >= 2 * n_sessions, total  # the run was well under way
 
     proc, url = serve(tiny_model_dir, store, log)
     try:
-        with httpx.Client(base_url=url, timeout=30) as c:
+        with httpx.Client(base_url=url, timeout=300) as c:
             statuses = []
             for sid, interactions in seen.items():
                 r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
@@ -161,7 +162,7 @@ def test_sigkill_loses_nothing_a_client_saw(tiny_model_dir, tokenizer, tmp_path)
                 assert len(by_id) - len(interactions) <= 1
     finally:
         proc.terminate()
-        assert proc.wait(30) == 0
+        assert proc.wait(300) == 0
     assert statuses.count("interrupted") >= n_sessions - 4
     summary = f"({statuses.count('ended')} ended, {statuses.count('interrupted')} interrupted)"
     assert summary in log.read_text()
@@ -170,39 +171,28 @@ def test_sigkill_loses_nothing_a_client_saw(tiny_model_dir, tokenizer, tmp_path)
 @pytest.mark.slow
 def test_sigterm_finishes_in_flight_requests_and_exits_0(tiny_model_dir, tokenizer, tmp_path):
     store, log = tmp_path / "gw.sqlite", tmp_path / "serve.log"
-    # each generation takes ~1 s: 20 tokens, 50 ms apart
+    # each generation takes ~1 s: 20 tokens, 50 ms apart (the shutdown timeout is far longer: the
+    # requests must finish because the drain waits for them, however slow the machine)
     proc, url = serve(tiny_model_dir, store, log, "--fake-token-delay", "0.05", "--fake-output-tokens", "20",
-                      "--shutdown-timeout", "20")
+                      "--shutdown-timeout", "600")
     n = 20
 
     async def run() -> list:
-        async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=64)) as c:
+        async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=64)) as c:
             keys = []
             for k in range(n):
                 r = await c.post("/rl/start_session", json={"task_id": f"term{k}"}, headers=ADMIN)
                 keys.append((r.json()["session_id"], r.json()["api_key"]))
-            started = asyncio.Event()
-            first_bytes = 0
 
             async def request(k: int, sid: str, key: str):
-                nonlocal first_bytes
                 messages = [{"role": "user", "content": f"request {k}"}]
-                if k % 2:  # non-streamed: counts as started once sent
-                    first_bytes += 1
-                    if first_bytes == n:
-                        started.set()
+                if k % 2:
                     got = await one_turn(c, key, messages, stream=False, surface="chat")
                     return sid, got
                 h = {"Authorization": f"Bearer {key}"}
                 async with c.stream("POST", "/v1/chat/completions", headers=h, json={
                         "messages": messages, "stream": True, "stream_options": {"include_usage": True}}) as s:
-                    chunks = []
-                    async for line in s.aiter_lines():
-                        if not chunks:
-                            first_bytes += 1
-                            if first_bytes == n:
-                                started.set()
-                        chunks.append(line)
+                    chunks = [line async for line in s.aiter_lines()]
                 raw = "\n".join(chunks)
                 assert raw.rstrip().endswith("data: [DONE]")
                 events = parse_sse(raw)
@@ -211,20 +201,21 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(tiny_model_dir, tokeniz
                              "completion": events[-1]["usage"]["completion_tokens"]}
 
             tasks = [asyncio.create_task(request(k, sid, key)) for k, (sid, key) in enumerate(keys)]
-            await asyncio.wait_for(started.wait(), 30)
-            await asyncio.sleep(0.2)
-            t0 = time.monotonic()
+
+            async def all_generating() -> bool:
+                return (await c.get("/rl/metrics", headers=ADMIN)).json()["requests_in_flight"] == n
+
+            await eventually(all_generating, timeout=600, what=f"{n} requests in flight")
             proc.send_signal(signal.SIGTERM)
             results = await asyncio.gather(*tasks)
             # after SIGTERM nothing new is admitted (the listening socket is closed)
             with pytest.raises(httpx.HTTPError):
                 await c.post("/rl/start_session", json={"task_id": "late"}, headers=ADMIN)
-            return results, time.monotonic() - t0
+            return results
 
-    results, drain_s = asyncio.run(run())
-    assert proc.wait(30) == 0
+    results = asyncio.run(run())
+    assert proc.wait(300) == 0
     assert len(results) == n
-    assert drain_s < 15
     for _, got in results:
         assert got["completion"] == 20  # finished normally, not cut short
     # the store is consistent: integrity, checkpointed WAL, every interaction completed

@@ -196,8 +196,8 @@ async def test_local_engine_streamed_and_plain_record_the_same_tokens(make_app, 
 
 @pytest.mark.parametrize("engine_kind", KINDS)
 async def test_math_agents_against_the_local_engine(make_app, serve, tiny_model_dir):
+    from rlgate.demo.math_agent import MathAgent, OpenAIMathAgent, extract_last_number
     from rlgate.engine.local import LocalEngine
-    from rlgate_examples.math_agent import MathAgent, OpenAIMathAgent, extract_last_number
 
     assert extract_last_number("3 apples and 1,234.5 pears") == 1234.5
     url = serve(make_app(LocalEngine(tiny_model_dir)))
@@ -217,7 +217,7 @@ async def test_math_agents_against_the_local_engine(make_app, serve, tiny_model_
 
 
 async def test_math_agents_contract_with_scripted_replies(make_app, serve, tokenizer):
-    from rlgate_examples.math_agent import MathAgent, OpenAIMathAgent, extract_last_number, math_reward
+    from rlgate.demo.math_agent import MathAgent, OpenAIMathAgent, extract_last_number, math_reward
 
     assert extract_last_number("no digits") is None and extract_last_number("-3 then 1,2") == 2.0
     assert math_reward("so 72.", "Natalia sold 48/2 = 24 clips in May.\n#### 72") == 1.0

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from helpers import ADMIN_KEY
+from helpers import ADMIN_KEY, eventually
 from remote_helpers import KINDS
 from rlgate.client import GatewayClient
 from rlgate.engine.fake import FakeEngine
@@ -93,7 +92,7 @@ async def test_sdk_stream_reassembles_tool_call_deltas(make_app, tokenizer):
 
 @pytest.mark.parametrize("engine_kind", KINDS)
 async def test_disconnect_mid_stream_keeps_an_aborted_interaction(make_app, tokenizer):
-    engine = FakeEngine(tokenizer, output_tokens=400, token_delay=0.01)
+    engine = FakeEngine(tokenizer, output_tokens=400, token_delay=0.05)  # 20 s unless aborted
     with ServerThread(make_app(engine)) as url:
         async with GatewayClient(url, ADMIN_KEY) as client:
             s = await client.start_session("disc")
@@ -105,10 +104,8 @@ async def test_disconnect_mid_stream_keeps_an_aborted_interaction(make_app, toke
                         seen += line.startswith("data: ")
                         if seen >= 5:
                             break  # leave: the connection closes with the block
-            for _ in range(300):  # the server notices the disconnect and records the abort
-                if engine.aborted:
-                    break
-                await asyncio.sleep(0.02)
+            # the server notices the disconnect and records the abort
+            await eventually(lambda: engine.aborted, what="the engine request aborted")
             assert engine.aborted == 1
             await s.end()
             exp = await s.export(wait_timeout=10)

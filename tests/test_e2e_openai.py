@@ -47,7 +47,7 @@ def served(request, tiny_model_dir):
         yield url
     finally:
         proc.terminate()
-        proc.wait(30)
+        proc.wait(300)
         if backend is not None:
             stop_process(backend)
 
@@ -208,5 +208,5 @@ def test_serve_generates_and_prints_admin_key_once(tiny_model_dir):
         assert r.status_code == 403
     finally:
         proc.terminate()
-        out, _ = proc.communicate(timeout=30)
+        out, _ = proc.communicate(timeout=300)
     assert key not in out  # printed exactly once, never logged afterwards

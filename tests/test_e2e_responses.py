@@ -10,7 +10,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from helpers import admin_headers, key_headers, start_session
+from helpers import admin_headers, eventually, key_headers, start_session
 from remote_helpers import KINDS
 from rlgate.engine.fake import FakeEngine
 from rlgate.server.runner import ServerThread
@@ -153,19 +153,15 @@ async def test_local_engine_streamed_and_non_streamed_record_the_same(make_app, 
 
 
 async def test_client_disconnect_aborts_and_keeps_the_partial_reply(make_app, tokenizer):
-    import asyncio
 
-    engine = FakeEngine(tokenizer, output_tokens=400, token_delay=0.01)
+    engine = FakeEngine(tokenizer, output_tokens=400, token_delay=0.05)  # 20 s unless aborted
     async with gateway(make_app(engine)) as (admin, sid, key, oai):
         stream = await oai.responses.create(model="tiny", input="go on and on", stream=True)
         async for ev in stream:
             if ev.type == "response.output_text.delta":
                 break
         await stream.close()
-        for _ in range(300):
-            if engine.aborted:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: engine.aborted, what="the engine request aborted")
         assert engine.aborted == 1
         (item,) = (await export(admin, sid, key))["interactions"]
     assert item["finish_reason"] == "abort" and 0 < sum(item["loss_mask"]) < 400

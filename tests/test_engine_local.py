@@ -228,11 +228,15 @@ async def test_event_loop_stays_responsive(engine: LocalEngine) -> None:
             last = now
 
     tick = asyncio.create_task(ticker())
+    t0 = time.perf_counter()
     await asyncio.gather(*(engine.generate(req(p, max_new_tokens=30, seed=1)) for p in PROMPTS * 4))
+    took = time.perf_counter() - t0
     stop.set()
     await tick
-    assert len(gaps) > 5
-    assert max(gaps) < 0.5
+    # the loop kept ticking all along: never blocked for a large part of the generation
+    # (relative to the generation's own duration, so a loaded machine slows both alike)
+    assert len(gaps) >= 10
+    assert max(gaps) < took / 4
 
 
 # -- finishing --------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from helpers import admin_headers, key_headers, start_session
+from helpers import admin_headers, eventually, key_headers, start_session
 from rlgate.engine.fake import FakeEngine
 
 USER = [{"role": "user", "content": "hi"}]
@@ -71,7 +71,7 @@ async def test_body_limit_over_a_real_socket_with_chunked_upload(make_app):
 
     app = make_app(max_body_bytes=4096)
     with ServerThread(app) as url:
-        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+        async with httpx.AsyncClient(base_url=url, timeout=300) as c:
             _, key = await start_session(c)
 
             async def over(n_chunks):
@@ -137,17 +137,29 @@ async def test_max_interactions_per_session_429(make_app, asgi_client, path):
 
 
 async def test_max_concurrent_requests_per_session_429(make_app, asgi_client, tokenizer):
-    engine = FakeEngine(tokenizer, token_delay=0.02, output_tokens=10)
-    async with asgi_client(make_app(engine, max_concurrent_requests_per_session=2)) as c:
+    release = asyncio.Event()
+
+    class HeldEngine(FakeEngine):
+        """Generates only once the test releases it: the first requests stay in flight."""
+
+        async def stream(self, request):
+            await release.wait()
+            async for delta in super().stream(request):
+                yield delta
+
+    app = make_app(HeldEngine(tokenizer, output_tokens=10), max_concurrent_requests_per_session=2)
+    sessions = app.state.gateway.sessions
+    async with asgi_client(app) as c:
         _, key = await start_session(c)
         slow = [asyncio.create_task(c.post("/v1/chat/completions", json={"messages": USER},
                                            headers=key_headers(key))) for _ in range(2)]
-        while sum(s.in_flight for s in c._transport.app.state.gateway.sessions.sessions.values()) < 2:
-            await asyncio.sleep(0.005)
+        await eventually(lambda: sum(s.in_flight for s in sessions.sessions.values()) == 2,
+                         what="two requests in flight")
         for path, (body, shape) in SURFACES.items():
             r = await c.post(path, json=body, headers=key_headers(key))
             assert_shape(r, shape, 429, "too_many_concurrent_requests")
         _, other = await start_session(c)  # other sessions are not affected
+        release.set()
         await ok(c, "/v1/chat/completions", other)
         assert all(r.status_code == 200 for r in await asyncio.gather(*slow))
         await ok(c, "/v1/chat/completions", key)
@@ -223,21 +235,43 @@ async def test_max_tokens_cap_applies_to_every_surface(make_app, asgi_client, to
 
 
 async def test_idle_sweeper_ends_but_keeps_sessions(make_app, asgi_client):
+    """The sweeper loop (run by the lifespan) ends a session idle past the timeout and keeps it."""
     app = make_app(session_idle_timeout=0.3, sweep_interval=0.05)
     async with app.router.lifespan_context(app), asgi_client(app) as c:
         sid, key = await start_session(c)
-        _, busy = await start_session(c, "busy")
         await ok(c, "/v1/chat/completions", key)
-        for _ in range(8):  # "busy" keeps talking; "task" goes quiet
-            await asyncio.sleep(0.1)
-            await ok(c, "/v1/chat/completions", busy)
+
+        async def swept() -> bool:
+            return (await c.get("/rl/metrics", headers=admin_headers())).json()["sessions_swept"] == 1
+
+        await eventually(swept, what="the idle session swept")
         r = await c.post("/v1/chat/completions", json={"messages": USER}, headers=key_headers(key))
         assert_shape(r, "openai", 409, "session_ended")
-        await ok(c, "/v1/chat/completions", busy)
-        m = (await c.get("/rl/metrics", headers=admin_headers())).json()
-        assert m["sessions_swept"] == 1 and m["open_sessions"] == 1
+        assert (await c.get("/rl/metrics", headers=admin_headers())).json()["open_sessions"] == 0
         exp = await c.post("/export_trajectories", json={"session_id": sid}, headers=admin_headers())
         assert exp.status_code == 200 and exp.json()["status"] == "ended" and len(exp.json()["interactions"]) == 1
+
+
+async def test_the_sweeper_ends_only_idle_sessions(make_app, asgi_client):
+    """Which sessions are idle is decided by their last request (an explicit clock: no waiting)."""
+    import time
+
+    app = make_app(session_idle_timeout=100)
+    mgr = app.state.gateway.sessions
+    async with asgi_client(app) as c:
+        quiet_id, quiet = await start_session(c)
+        busy_id, busy = await start_session(c, "busy")
+        await ok(c, "/v1/chat/completions", quiet)
+        t_quiet = mgr.sessions[quiet_id].last_active
+        await eventually(lambda: time.time() > t_quiet, what="the clock moving on")
+        await ok(c, "/v1/chat/completions", busy)
+        t_busy = mgr.sessions[busy_id].last_active
+        assert t_busy > t_quiet
+        assert mgr.sweep(now=t_quiet + 100 + (t_busy - t_quiet) / 2) == [quiet_id]
+        r = await c.post("/v1/chat/completions", json={"messages": USER}, headers=key_headers(quiet))
+        assert_shape(r, "openai", 409, "session_ended")
+        await ok(c, "/v1/chat/completions", busy)
+        assert mgr.metrics["sessions_swept"] == 1
 
 
 async def test_sweep_interval_and_limits_come_from_the_cli(tiny_model_dir):

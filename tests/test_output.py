@@ -75,3 +75,40 @@ def test_tool_call_inside_reasoning_is_not_parsed(tokenizer):
     a, _ = assemble(tokenizer, ids, reasoning_parser=get_reasoning_parser("think"),
                     tool_parser=get_tool_parser("hermes"))
     assert a.result.tool_calls == [] and a.result.content == "ok"
+
+
+def test_adjacent_text_deltas_join_in_order():
+    from rlgate.chat.output import join_text_deltas
+
+    call = ToolCallDelta(index=0, id="c", name="f", arguments="{}")
+    events = [ReasoningDelta("a"), ReasoningDelta("b"), ContentDelta("x"), ContentDelta("y"), call,
+              ContentDelta("z"), ReasoningDelta("r"), ContentDelta("w")]
+    assert join_text_deltas(events) == [ReasoningDelta("ab"), ContentDelta("xy"), call, ContentDelta("z"),
+                                        ReasoningDelta("r"), ContentDelta("w")]
+    assert join_text_deltas([]) == []
+
+
+def test_tokens_pushed_together_assemble_the_same_reply(tokenizer, stop_ids):
+    """push_many (a delta of several tokens, or a whole non-streamed reply) == push one by one."""
+    import json
+
+    text = ("<think>first I add</think> The sum is <tool_call>\n" + json.dumps({"name": "add", "arguments": {"a": 1}})
+            + "\n</tool_call> héllo ✓ wörld, then more")
+    ids = tokenizer.encode(text, add_special_tokens=False) + [stop_ids[0]]
+    for kw in ({}, {"stop_strings": ["then"]}, {"stop_strings": ["nowhere"]}):
+        def make(kw=kw):
+            return OutputAssembler(tokenizer, stop_token_ids=stop_ids, tool_parser=get_tool_parser("hermes"),
+                                   reasoning_parser=get_reasoning_parser("think"), call_id=lambda: "call_1", **kw)
+
+        one, _ = assemble(tokenizer, ids, stop_token_ids=stop_ids, tool_parser=get_tool_parser("hermes"),
+                          reasoning_parser=get_reasoning_parser("think"), call_id=lambda: "call_1", **kw)
+        for chunk in (1, 3, len(ids)):
+            many = make()
+            events = []
+            for i in range(0, len(ids), chunk):
+                events += many.push_many(ids[i:i + chunk])
+                if many.stopped:
+                    break
+            events += many.finish()
+            assert many.result == one.result and many.kept_tokens == one.kept_tokens, (kw, chunk)
+            assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == one.result.content

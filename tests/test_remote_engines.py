@@ -16,7 +16,7 @@ import sys
 import httpx
 import pytest
 
-from helpers import ADMIN_KEY, admin_headers, key_headers
+from helpers import ADMIN_KEY, admin_headers, eventually, key_headers
 from remote_helpers import (
     REMOTE_KINDS,
     fake_app,
@@ -140,10 +140,10 @@ async def test_killed_backend_fails_its_sessions_with_503_and_rejoins_after_rest
                 port = int(urls[0].rsplit(":", 1)[1])
                 procs["a"] = start_fake_backend(kind, tiny_model_dir, "--zero-latency", "--output-tokens", "8",
                                                 port=port)
-                for _ in range(100):
-                    if (await http.get(gw + "/health")).json()["backends"]["healthy"] == 2:
-                        break
-                    await asyncio.sleep(0.1)
+                async def both_healthy() -> bool:
+                    return (await http.get(gw + "/health")).json()["backends"]["healthy"] == 2
+
+                await eventually(both_healthy, interval=0.1, what="backend A rejoined")
                 later = [await client.start_session("later") for _ in range(3)]
                 assert [(await chat(http, gw, s.api_key)).status_code for s in later] == [200] * 3
                 stats_a = await fake_stats(http, urls[0])
@@ -280,7 +280,7 @@ FAULT_STATUS = {"non_json": 502, "missing_logprobs": 502, "wrong_lengths": 502, 
 async def test_malformed_backend_answers_fail_the_interaction_cleanly(kind, fault, make_app, tokenizer,
                                                                      tiny_model_dir):
     with fleet(kind, tokenizer, tiny_model_dir, n=1) as (urls, _):
-        engine = remote_engine(kind, urls, max_context_length=2048, read_timeout=1.0)
+        engine = remote_engine(kind, urls, max_context_length=2048, read_timeout=5.0)  # "stall" waits this long
         with ServerThread(make_app(engine)) as gw:
             async with GatewayClient(gw, ADMIN_KEY) as client, httpx.AsyncClient(timeout=60) as http:
                 async with client.session("faults") as s:
@@ -412,7 +412,7 @@ async def test_closing_the_engine_aborts_streams_in_flight(kind, tokenizer, tiny
     """Gateway shutdown: like the local engine, generations still running end with "abort"."""
     from rlgate.engine.base import GenerateRequest, SamplingParams
 
-    backend = FakeEngine(tokenizer, output_tokens=200, token_delay=0.02)
+    backend = FakeEngine(tokenizer, output_tokens=200, token_delay=0.1)  # 20 s unless aborted
     with ServerThread(fake_app(kind, backend, tokenizer, tiny_model_dir)) as url:
         engine = remote_engine(kind, [url], max_context_length=2048)
         await engine.start()
@@ -423,8 +423,5 @@ async def test_closing_the_engine_aborts_streams_in_flight(kind, tokenizer, tiny
         await closing
     assert first.token_ids and rest and rest[-1].finish_reason == "abort"
     assert sum(len(d.token_ids) for d in [first, *rest]) < 200
-    for _ in range(100):  # the backend saw the disconnect and aborted too
-        if backend.aborted:
-            break
-        await asyncio.sleep(0.02)
+    await eventually(lambda: backend.aborted, what="the backend aborted too")  # it saw the disconnect
     assert backend.aborted == 1

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from helpers import ADMIN_KEY
+from helpers import ADMIN_KEY, eventually
 from rlgate.client import GatewayClient
 from rlgate.engine.fake import FakeEngine
 from rlgate.rollout.agent import check_result
@@ -131,11 +131,11 @@ async def test_allowance_admits_only_granted_episodes(make_app, tokenizer):
             allowance = Allowance()
             runner = RolloutRunner(client, ChatAgent(), group_size=2, allowance=allowance)
             task = asyncio.create_task(runner.group("g", {"q": "?", "a": "x"}))
-            await asyncio.sleep(0.3)
+            await eventually(lambda: allowance.waiting == 2, what="both episodes waiting for an admission")
             assert runner.counters.started == 0 and not task.done()
             await client.grant_capacity(2)
             await allowance.grant(2)
-            group = await asyncio.wait_for(task, 10)
+            group = await task
     assert len(group.ok) == 2
 
 
@@ -164,41 +164,51 @@ async def test_subprocess_mode_sets_the_environment(make_app, tokenizer):
     assert [e.reward for e in group.episodes] == [1.0, 1.0]
 
 
-class SleepyAgent:
-    """Subprocess agent: one call, then sleeps ``data["sleep"]`` seconds; or dies without reporting."""
+class WaitingAgent:
+    """Subprocess agent: one call, then waits until the test creates ``release`` in ``data["dir"]``
+    (or hangs for good, or dies without reporting)."""
 
     def run(self, data, *, base_url, api_key, http_client=None):
         import os
+        import pathlib
         import time
+        import uuid
 
         from openai import OpenAI
 
         if data.get("die"):
             os._exit(3)
         OpenAI(max_retries=0).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-        time.sleep(data["sleep"])
+        folder = pathlib.Path(data["dir"])
+        (folder / f"{data['name']}-{uuid.uuid4().hex}").touch()
+        while data.get("hang") or not (folder / "release").exists():
+            time.sleep(0.05)
         return 1.0
 
 
 @pytest.mark.slow
-async def test_subprocess_waits_scale_past_the_thread_pool_and_timeouts_kill(make_app, tokenizer):
+async def test_subprocess_waits_scale_past_the_thread_pool_and_timeouts_kill(make_app, tokenizer, tmp_path):
     """More waiting subprocess episodes than the default thread pool has workers (min(32,
-    cpus+4)): none may time out spuriously; a hung one is killed; a dead one is reported."""
+    cpus+4)): none may time out spuriously; a hung one is killed by its timeout while the
+    others still wait; a dead one is reported."""
+    data = {"dir": str(tmp_path)}
     with ServerThread(make_app(FakeEngine(tokenizer))) as url:
         async with GatewayClient(url, ADMIN_KEY) as client:
-            runner = RolloutRunner(client, SleepyAgent(), group_size=12, concurrency=16, mode="subprocess",
-                                   episode_timeout=30)
-            ok, hung, dead = await asyncio.gather(
-                runner.group("ok", {"sleep": 2.0}),
-                RolloutRunner(client, SleepyAgent(), group_size=1, mode="subprocess", episode_timeout=2).group(
-                    "hung", {"sleep": 120}),
-                RolloutRunner(client, SleepyAgent(), group_size=1, mode="subprocess", episode_timeout=30).group(
-                    "dead", {"die": True}),
-            )
+            def runner(timeout: float, n: int = 1) -> RolloutRunner:
+                return RolloutRunner(client, WaitingAgent(), group_size=n, concurrency=16, mode="subprocess",
+                                     episode_timeout=timeout)
+
+            ok = asyncio.create_task(runner(3600, 12).group("ok", {**data, "name": "ok"}))
+            hung = await runner(2).group("hung", {**data, "name": "hung", "hang": True})
+            dead = await runner(3600).group("dead", {**data, "name": "dead", "die": True})
+            assert not ok.done()  # the hung episode was killed while the others still waited
+            await eventually(lambda: len(list(tmp_path.glob("ok-*"))) == 12, timeout=600,
+                             what="the 12 episodes waiting at once")
+            (tmp_path / "release").touch()
+            ok = await ok
             metrics = await client.metrics()
     assert [e.ok for e in ok.episodes] == [True] * 12, [e.error for e in ok.episodes]
     assert not hung.episodes[0].ok and "timed out" in hung.episodes[0].error
-    assert hung.episodes[0].seconds < 20
     assert not dead.episodes[0].ok and "exit code 3" in dead.episodes[0].error
     assert metrics["open_sessions"] == 0
 

@@ -79,7 +79,7 @@ def test_keys_never_appear_in_logs_in_process(make_app, caplog):
     port = server.servers[0].sockets[0].getsockname()[1]
 
     async def drive():
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=300) as c:
             return await full_session(c)
 
     try:
@@ -111,7 +111,7 @@ def test_keys_never_appear_in_logs_of_rlgate_serve(tiny_model_dir, tmp_path):
             wait_healthy(url, proc)
 
             async def drive():
-                async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+                async with httpx.AsyncClient(base_url=url, timeout=300) as c:
                     keys = await full_session(c)
                     # keys in a query string (rlgate reads none from there) must not reach the access log
                     r = await c.post("/rl/start_session", json={"task_id": "q"}, headers=admin_headers())
@@ -125,7 +125,7 @@ def test_keys_never_appear_in_logs_of_rlgate_serve(tiny_model_dir, tmp_path):
             keys = asyncio.run(drive())
         finally:
             proc.terminate()
-            proc.wait(30)
+            proc.wait(300)
     text = log_path.read_text()
     assert '"POST /v1/chat/completions HTTP/1.1" 200' in text and "DEBUG rlgate.generation: session" in text
     assert_no_keys(text, keys)

@@ -366,25 +366,40 @@ async def test_keys_are_never_written_to_the_store(make_app, asgi_client, tokeni
 
 async def test_memory_store_has_the_same_interface(make_app, asgi_client):
     store = MemoryStore()
-    await store.wait_durable()
-    store.save_meta("capacity", 1)
+    assert store.save_meta("capacity", 1) == 0  # nothing to wait for
+    await store.wait_durable([0])
     assert store.load_meta() == {} and store.load() == []
     store.flush()
     store.close()
 
 
-async def test_wait_durable_only_waits_for_its_own_store(tmp_path):
+async def test_the_barrier_waits_for_the_writes_it_is_given(tmp_path):
+    """Writes are numbered; a request waits for its own numbers and fails only if one of them failed."""
     import asyncio
 
     from rlgate.trajectory.interaction import Session
 
-    a, b = SQLiteStore(tmp_path / "a.sqlite"), SQLiteStore(tmp_path / "b.sqlite")
-    a.save_session(Session(id="t-0", task_id="t", key_hash="0" * 64))
-    await asyncio.wait_for(b.wait_durable(), 5)  # nothing of b's is pending in this context
-    await asyncio.wait_for(a.wait_durable(), 5)
-    assert [s.id for s in a.load()] == ["t-0"]
+    path = tmp_path / "a.sqlite"
+    a = SQLiteStore(path)
+    db = sqlite3.connect(path)
+    db.execute("CREATE TRIGGER poison BEFORE INSERT ON sessions WHEN NEW.task_id = 'poison' "
+               "BEGIN SELECT RAISE(ABORT, 'disk says no'); END")
+    db.commit()
+    db.close()
+    first = a.save_session(Session(id="t-0", task_id="t", key_hash="0" * 64))
+    bad = a.save_session(Session(id="p-0", task_id="poison", key_hash="1" * 64))
+    last = a.save_session(Session(id="t-1", task_id="t", key_hash="2" * 64))
+    assert 0 < first < bad < last
+    await asyncio.wait_for(a.wait_durable([first, last]), 5)  # the failure in between is not theirs
+    with pytest.raises(StoreError, match="disk says no"):
+        await asyncio.wait_for(a.wait_durable([bad]), 5)
+    with pytest.raises(ValueError):
+        await a.wait_durable([last + 1])  # not a write of this store
+    assert sorted(s.id for s in a.load()) == ["t-0", "t-1"]
     a.close()
-    b.close()
+    late = a.save_session(Session(id="t-2", task_id="t", key_hash="3" * 64))  # after close: dropped
+    with pytest.raises(StoreError, match="closed"):
+        await a.wait_durable([late])
 
 
 def test_cli_store_options(tiny_model_dir, tmp_path, monkeypatch):

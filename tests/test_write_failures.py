@@ -176,17 +176,16 @@ async def test_an_update_of_a_row_never_written_fails(tmp_path):
 
     store = SQLiteStore(tmp_path / "s.sqlite")
     s = Session(id="t-0", task_id="t", key_hash="h")
-    store.save_session(s)
-    await store.wait_durable()
+    await store.wait_durable([store.save_session(s)])
     i = Interaction(id="i1", session_id="t-0", api="chat", messages=[], tools=[], prompt_ids=list(range(5000)))
     limit = _fill_up(store)
-    store.save_interaction(i)
+    seq = store.save_interaction(i)
     with pytest.raises(StoreError):
-        await store.wait_durable()
+        await store.wait_durable([seq])
     _free_up(store, limit)
     i.reward = 1.0
-    store.save_interaction(i)  # inserted afresh, not an UPDATE of nothing
-    await store.wait_durable()
+    seq = store.save_interaction(i)  # inserted afresh, not an UPDATE of nothing
+    await store.wait_durable([seq])
     store.close()
     reloaded = SQLiteStore(tmp_path / "s.sqlite")
     (session,) = reloaded.load()

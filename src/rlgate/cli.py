@@ -9,8 +9,11 @@ import logging
 import os
 import secrets
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from rlgate.config import ClusterConfig, GatewayConfig, add_arguments, from_arguments, option
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 
@@ -48,125 +51,35 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 # --------------------------------------------------------------------------- serve
 
 
-def add_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="Hugging Face checkpoint directory (tokenizer + weights; "
-                   "with --engine fake/sglang/vllm only the tokenizer is needed)")
-    p.add_argument("--engine", choices=["local", "fake", "sglang", "vllm"], default="local",
-                   help="local: PyTorch in this process; fake: scripted; sglang / vllm: drive inference servers "
-                   "(--backend-url)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--admin-key", default=None, help="admin key (default: $RLGATE_ADMIN_KEY, else generated)")
-    p.add_argument("--admin-key-file", default=None, help="write the (generated) admin key to this file, mode 0600")
-    p.add_argument("--capacity-mode", choices=["unlimited", "granted"], default="unlimited")
-    p.add_argument("--trajectory-mode", choices=["token_exact", "rerender"], default="token_exact")
-    p.add_argument("--renderer", default="auto",
-                   help="model family: renderer, parsers and stop tokens ('auto': detected from config.json and the "
-                        "chat template; 'jinja': the checkpoint's own template), e.g. qwen3, llama3, gpt_oss")
-    p.add_argument("--tool-parser", default="auto", help="tool-call parser ('auto': the family's; 'none' to disable)")
-    p.add_argument("--reasoning-parser", default="auto",
-                   help="reasoning parser ('auto': the family's; 'none' to disable), e.g. 'think'")
-    p.add_argument("--context-length", type=int, default=None)
-    p.add_argument("--default-max-tokens", type=int, default=512)
-    p.add_argument("--max-tokens-cap", type=int, default=None)
-    p.add_argument("--model-name", default=None, help="name listed by /v1/models (default: directory name)")
-    p.add_argument("--fake-output-tokens", type=int, default=16, help="--engine fake: tokens per reply")
-    p.add_argument("--fake-token-delay", type=float, default=0.0, help="--engine fake: seconds between tokens")
-    p.add_argument("--device", default=None, help="--engine local: torch device (default cuda if available)")
-    p.add_argument("--max-batch-size", type=int, default=64, help="--engine local: concurrent sequences")
-    p.add_argument("--max-rows-per-session", type=int, default=None,
-                   help="--engine local: batch rows one session may hold (default: half of --max-batch-size)")
-    from rlgate.engine.remote.options import add_remote_args
+@dataclass
+class ServeOptions:
+    """``rlgate serve``'s own flags; the gateway's, the engines' and the store's come from
+    their configuration classes (:func:`add_serve_args`)."""
 
-    add_remote_args(p)
-    p.add_argument("--store", default=os.environ.get("RLGATE_STORE"),
-                   help="SQLite file for sessions and trajectories, or ':memory:' (keep nothing) "
-                   "(default: $RLGATE_STORE, else DATA_DIR/rlgate.sqlite)")
-    p.add_argument("--data-dir", default=None,
-                   help="server data directory (default: $RLGATE_DATA_DIR, else $XDG_DATA_HOME/rlgate, "
-                   "else ~/.local/share/rlgate)")
-    p.add_argument("--store-sync", choices=["full", "normal"], default="full",
-                   help="full: fsync every commit (survives power loss); normal: survives a gateway crash only")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="SIGTERM: seconds requests in flight get to finish")
-    p.add_argument("--session-idle-timeout", type=float, default=3600.0)
-    p.add_argument("--sweep-interval", type=float, default=60.0, help="seconds between idle-session sweeps")
-    p.add_argument("--max-sessions", type=int, default=10_000)
-    p.add_argument("--max-stored-sessions", type=int, default=100_000)
-    p.add_argument("--max-interactions-per-session", type=int, default=10_000)
-    p.add_argument("--max-concurrent-requests-per-session", type=int, default=64)
-    p.add_argument("--max-messages-per-request", type=int, default=10_000)
-    p.add_argument("--max-tools", type=int, default=512)
-    p.add_argument("--max-stop-sequences", type=int, default=16)
-    p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
-    p.add_argument("--retain-exported", type=float, default=0.0)
-    from rlgate.config import GatewayConfig
-
-    p.add_argument("--stream-keepalive-interval", type=float, default=GatewayConfig.stream_keepalive_interval,
-                   help="seconds without a streamed event before a keep-alive event (ping) is sent; 0: never")
-    p.add_argument("--cors-origin", action="append", default=[], help="allow this CORS origin (repeatable)")
+    model: str = option(help="Hugging Face checkpoint directory (tokenizer + weights; with --engine fake / sglang "
+                        "/ vllm only the tokenizer is needed)", metavar="DIR")
+    host: str = option("127.0.0.1", "address to bind (one that is not loopback needs an explicit admin key)")
+    port: int = option(8000, "port to bind", metavar="PORT")
+    admin_key: str | None = option(None, "admin key (none: $RLGATE_ADMIN_KEY, else a generated one)", metavar="KEY")
+    admin_key_file: str | None = option(None, "write the (generated) admin key to this file, mode 0600",
+                                        metavar="PATH")
     # no "trace": uvicorn logs raw request headers (keys) at that level
-    p.add_argument("--log-level", default="info", type=str.lower,
-                   choices=["critical", "error", "warning", "info", "debug"])
-    p.add_argument("--access-log", action="store_true", help="log one line per request (never keys)")
-    add_config_args(p, OBSERVABILITY_FIELDS + HARDENING_FIELDS)
-    add_cluster_args(p)
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = option("info", "log level")
+    access_log: bool = option(False, "log one line per request (never keys)")
 
 
-# GatewayConfig fields whose flags are made from the field's metadata["help"] and default
-OBSERVABILITY_FIELDS = ("metrics_port", "metrics_host", "ui", "ui_login_ttl", "guard_window", "guard_min_events",
-                        "guard_poll_interval", "guard_tool_parse_failure_ratio", "guard_unparsed_tool_markup_ratio",
-                        "guard_empty_reply_ratio", "guard_fork_ratio", "guard_unaligned_turn_ratio",
-                        "guard_missing_reward_ratio", "guard_stale_lag", "guard_stale_token_ratio",
-                        "guard_abort_ratio", "guard_store_failure_ratio")
-# the bounds of docs/operations.md "Limits" that issue 15 added (docs/security.md)
-HARDENING_FIELDS = ("allow_template_override", "render_timeout", "render_workers", "max_json_depth",
-                    "max_image_bytes", "max_image_bytes_per_session", "rate_limit_per_key", "rate_limit_burst",
-                    "header_timeout", "body_timeout", "max_buffered_body_bytes", "max_connections")
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """Every ``rlgate serve`` flag, generated from the configuration classes."""
+    from rlgate.engine.options import EngineOptions
+    from rlgate.engine.remote.options import RemoteOptions
+    from rlgate.store.base import StoreOptions
 
-
-def add_config_args(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
-    """``--field-name`` flags for GatewayConfig fields: default, type and help from the dataclass."""
-    import dataclasses
-
-    from rlgate.config import GatewayConfig
-
-    fields = {f.name: f for f in dataclasses.fields(GatewayConfig)}
-    for name in names:
-        f = fields[name]
-        flag = "--" + name.replace("_", "-")
-        help_text = f.metadata.get("help", "")
-        if isinstance(f.default, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
-        else:
-            kind = type(f.default) if f.default is not None else int
-            p.add_argument(flag, type=kind, default=f.default, help=f"{help_text} (default: {f.default})")
-
-
-def config_values(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, Any]:
-    return {n: getattr(args, n) for n in names}
-
-
-def add_cluster_args(p: argparse.ArgumentParser) -> None:
-    """``--replicas``, ``--ray-address``, ...: one flag per :class:`~rlgate.config.ClusterConfig` field."""
-    import dataclasses
-    import typing
-
-    from rlgate.config import ClusterConfig
-
-    g = p.add_argument_group("replicas on Ray (see docs/scale-out.md)")
-    hints = typing.get_type_hints(ClusterConfig)
-    for f in dataclasses.fields(ClusterConfig):
-        kind = next((t for t in (int, float, str) if t is hints[f.name] or t in typing.get_args(hints[f.name])), str)
-        g.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default, help=f.metadata["help"])
-
-
-def cluster_config(args: argparse.Namespace) -> Any:
-    import dataclasses
-
-    from rlgate.config import ClusterConfig
-
-    return ClusterConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ClusterConfig)})
+    add_arguments(p, ServeOptions)
+    add_arguments(p.add_argument_group("gateway (metrics, guards and the viewer: docs/operations.md)"), GatewayConfig)
+    add_arguments(p.add_argument_group("engine"), EngineOptions)
+    add_arguments(p.add_argument_group("remote engines (--engine sglang | vllm)"), RemoteOptions)
+    add_arguments(p.add_argument_group("store"), StoreOptions)
+    add_arguments(p.add_argument_group("replicas on Ray (see docs/scale-out.md)"), ClusterConfig)
 
 
 def resolve_admin_key(args: argparse.Namespace) -> tuple[str, bool]:
@@ -182,62 +95,51 @@ def resolve_admin_key(args: argparse.Namespace) -> tuple[str, bool]:
     return secrets.token_urlsafe(32), True
 
 
-def gateway_config(args: argparse.Namespace, admin_key: str) -> Any:
-    from rlgate.config import GatewayConfig
-
-    return GatewayConfig(
-        admin_key=admin_key,
-        capacity_mode=args.capacity_mode,
-        trajectory_mode=args.trajectory_mode,
-        model_family=None if args.renderer in (None, "auto") else args.renderer,
-        tool_parser=None if args.tool_parser in (None, "none") else args.tool_parser,
-        reasoning_parser=None if args.reasoning_parser in (None, "none") else args.reasoning_parser,
-        default_max_tokens=args.default_max_tokens,
-        max_tokens_cap=args.max_tokens_cap,
-        context_length=args.context_length,
-        model_name=args.model_name or Path(args.model).resolve().name,
-        session_idle_timeout=args.session_idle_timeout,
-        sweep_interval=args.sweep_interval,
-        max_sessions=args.max_sessions,
-        max_stored_sessions=args.max_stored_sessions,
-        max_interactions_per_session=args.max_interactions_per_session,
-        max_concurrent_requests_per_session=args.max_concurrent_requests_per_session,
-        max_messages_per_request=args.max_messages_per_request,
-        max_tools=args.max_tools,
-        max_stop_sequences=args.max_stop_sequences,
-        max_body_bytes=args.max_body_bytes,
-        retain_exported=args.retain_exported,
-        stream_keepalive_interval=args.stream_keepalive_interval,
-        shutdown_timeout=args.shutdown_timeout,
-        cors_origins=list(args.cors_origin),
-        **config_values(args, OBSERVABILITY_FIELDS + HARDENING_FIELDS),
-    )
+def gateway_config(args: argparse.Namespace, admin_key: str) -> GatewayConfig:
+    """The gateway's configuration from ``rlgate serve``'s flags."""
+    config = from_arguments(GatewayConfig, args, admin_key=admin_key)
+    if args.model_name is None:
+        config.model_name = Path(args.model).resolve().name
+    return config
 
 
 def build_app(args: argparse.Namespace, admin_key: str) -> Any:
+    from rlgate.engine.options import EngineOptions
     from rlgate.model import context_length, load_tokenizer, stop_token_ids
     from rlgate.server.app import create_app
-    from rlgate.store import StoreError, open_store
+    from rlgate.store import StoreError, StoreOptions, open_store
 
     tokenizer = load_tokenizer(args.model)
     config = gateway_config(args, admin_key)
+    options = from_arguments(EngineOptions, args)
     engine: Any
-    if args.engine == "fake":
+    if options.engine == "fake":
         from rlgate.engine.fake import FakeEngine
 
-        engine = FakeEngine(tokenizer, output_tokens=args.fake_output_tokens, token_delay=args.fake_token_delay,
-                            max_context_length=args.context_length or context_length(args.model) or 32768)
-    elif args.engine in ("sglang", "vllm"):  # only the tokenizer is loaded in this process
-        from rlgate.engine.remote.options import remote_engine_from_args
+        engine = FakeEngine(tokenizer, output_tokens=options.fake_output_tokens, token_delay=options.fake_token_delay,
+                            max_context_length=config.context_length or context_length(args.model) or 32768)
+    elif options.engine in ("sglang", "vllm"):  # only the tokenizer is loaded in this process
+        from rlgate.engine.remote.factory import remote_engine
+        from rlgate.engine.remote.options import RemoteOptions
 
-        engine = remote_engine_from_args(args, fallback_context=args.context_length or context_length(args.model))
+        try:
+            engine = remote_engine(options.engine, from_arguments(RemoteOptions, args),
+                                   fallback_context=config.context_length or context_length(args.model))
+        except ValueError as exc:
+            raise SystemExit(f"rlgate: {exc}") from exc
     else:
-        from rlgate.engine.local import LocalEngine
+        import rlgate.engine as engines
 
-        engine = LocalEngine(args.model, device=args.device, max_batch_size=args.max_batch_size,
-                             max_context_length=args.context_length, max_rows_per_session=args.max_rows_per_session)
+        try:
+            local_engine = engines.LocalEngine
+        except ImportError as exc:
+            raise SystemExit(f"rlgate: --engine local: {exc}") from exc
+        engine = local_engine(args.model, device=options.device, max_batch_size=options.max_batch_size,
+                             max_context_length=config.context_length,
+                             max_rows_per_session=options.max_rows_per_session)
+    store_options = from_arguments(StoreOptions, args)
     try:
-        store = open_store(args.store, data_dir=args.data_dir, synchronous=args.store_sync)
+        store = open_store(store_options.store, data_dir=store_options.data_dir, synchronous=store_options.store_sync)
     except StoreError as exc:
         raise SystemExit(f"rlgate: {exc}") from exc
     logging.getLogger("rlgate").info("store: %s", getattr(store, "path", ":memory: (nothing is persisted)"))
@@ -303,15 +205,17 @@ def engine_spec(args: argparse.Namespace, replicas: int) -> Any:
     if args.engine == "local":
         return LocalEngineSpec(str(Path(args.model).resolve()), device=args.device,
                                max_batch_size=args.max_batch_size, max_context_length=args.context_length)
-    from rlgate.engine.remote.options import remote_engine_options
+    from rlgate.engine.remote.factory import engine_kwargs
+    from rlgate.engine.remote.options import RemoteOptions
 
     if not args.backend_url:
         raise SystemExit(f"rlgate: --engine {args.engine} needs at least one --backend-url")
     urls = list(args.backend_url)
     # replica i drives the backends i, i+N, ...; with fewer backends than replicas they are shared
     shares = [urls[i::replicas] or [urls[i % len(urls)]] for i in range(replicas)]
-    return RemoteEngineSpec(args.engine, shares, remote_engine_options(
-        args, fallback_context=args.context_length or context_length(args.model)))
+    return RemoteEngineSpec(args.engine, shares, engine_kwargs(
+        args.engine, from_arguments(RemoteOptions, args),
+        fallback_context=args.context_length or context_length(args.model)))
 
 
 def serve_cluster(args: argparse.Namespace, admin_key: str) -> int:
@@ -321,7 +225,7 @@ def serve_cluster(args: argparse.Namespace, admin_key: str) -> int:
     from rlgate.server.serve import KEEP_ALIVE_S
     from rlgate.store import default_data_dir
 
-    cfg = cluster_config(args)
+    cfg = from_arguments(ClusterConfig, args)
     if args.store not in (None, ":memory:"):
         raise SystemExit("rlgate: with --replicas each replica keeps its own store under --data-dir "
                          "(DATA_DIR/replica-<i>/rlgate.sqlite); --store accepts only ':memory:' there")

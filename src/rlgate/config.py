@@ -1,38 +1,95 @@
-"""Gateway configuration: every knob and limit, with its default, in one place."""
+"""Configuration: every knob and limit, with its default and its help text, in one place.
+
+Each option is a dataclass field whose ``metadata`` holds its help text; the command line
+is generated from the fields (:func:`add_arguments`, :func:`from_arguments`), so a default
+is written once and a new field with ``metadata={"help": ...}`` is a new ``rlgate serve``
+flag, its default shown in ``--help``. Field metadata the generator reads:
+
+* ``help``: the flag's help text (required for a flag; a field without it gets no flag);
+* ``flag``: the flag's name when it is not ``--field-name`` (e.g. ``--cors-origin`` for a
+  list whose flag is repeated once per item);
+* ``choices``: allowed values of a ``str`` field (``Literal`` types give them already);
+* ``metavar``: the value's name in ``--help`` (default: N, X or TEXT by type);
+* ``env``: an environment variable that overrides the default when it is set;
+* ``cli_default``: the flag's default when the command line derives the value itself (the
+  help text says how); a flag left at None then leaves the field to its caller.
+
+Types: ``int``, ``float``, ``str`` and ``Literal[...]`` take a value; ``bool`` fields are
+``--flag`` / ``--no-flag``; ``list[X]`` flags are repeated once per item; for ``X | None``
+fields the value ``none`` means None.
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+__all__ = ["ClusterConfig", "GatewayConfig", "add_arguments", "from_arguments", "option"]
+
+T = TypeVar("T", bound="DataclassInstance")
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,
+           **meta: Any) -> Any:
+    """A dataclass field with its help text: ``x: int = option(3, "what x does")``."""
+    metadata = {"help": help, **meta}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
 class GatewayConfig:
-    admin_key: str  # required for control routes; compared in constant time, never logged
-    capacity_mode: Literal["unlimited", "granted"] = "unlimited"  # granted: only /grant_capacity admits
-    trajectory_mode: Literal["token_exact", "rerender"] = "token_exact"  # default per session
-    model_family: str | None = None  # chat/families name (--renderer); None: detected from the checkpoint
-    tool_parser: str | None = "auto"  # registry name; "auto": the model family's; None disables tool-call parsing
-    reasoning_parser: str | None = "auto"  # e.g. "think"; "auto": the family's; None leaves reasoning in content
-    default_max_tokens: int = 512  # when a request sets no max tokens
-    max_tokens_cap: int | None = None  # hard cap on generated tokens per request (None: context only)
-    context_length: int | None = None  # None: the engine's max_context_length
-    stop_token_ids: list[int] | None = None  # None: tokenizer eos + generation_config eos
-    model_name: str = "rlgate"  # what /v1/models lists and responses echo when not given
-    session_idle_timeout: float = 3600.0  # seconds without a request before the sweeper ends a session
-    sweep_interval: float = 60.0  # how often the idle sweeper runs
-    max_sessions: int = 10_000  # open (active) sessions at once; more -> 429
-    max_stored_sessions: int = 100_000  # sessions held in any state (active, ended, interrupted); more -> 429
-    max_interactions_per_session: int = 10_000  # more -> 429
-    max_concurrent_requests_per_session: int = 64  # generations in flight for one session key; more -> 429
-    max_messages_per_request: int = 10_000  # messages in one generation request; more -> 400
-    max_tools: int = 512  # tools offered in one request; more -> 400
-    max_stop_sequences: int = 16  # stop strings in one request; more -> 400
-    max_body_bytes: int = 32 * 1024 * 1024  # larger request bodies -> 413 (chunked bodies too)
-    retain_exported: float = 0.0  # seconds to keep an exported session for audit (0: drop at export)
-    shutdown_timeout: float = 30.0  # SIGTERM: seconds in-flight requests get to finish before being aborted
-    cors_origins: list[str] = field(default_factory=list)  # empty: no CORS headers at all
-    stream_keepalive_interval: float = 10.0  # seconds without a streamed event before a keep-alive (0: never)
+    """What the gateway does and how much it accepts (``rlgate serve`` flags of the same names)."""
+
+    admin_key: str  # required for control routes; compared in constant time, never logged (own flag)
+    capacity_mode: Literal["unlimited", "granted"] = option(
+        "unlimited", "unlimited: any started session may generate; granted: only capacity granted by "
+        "/rl/grant_capacity admits new sessions")
+    trajectory_mode: Literal["token_exact", "rerender"] = option(
+        "token_exact", "default trajectory mode of a session (token_exact: one exact token sequence per "
+        "conversation; rerender: every turn rendered afresh)")
+    model_family: str | None = option(
+        None, "model family by chat/families name: renderer, parsers and stop tokens, e.g. qwen3, llama3, gpt_oss "
+        "('jinja': the checkpoint's own template; none or 'auto': detected from config.json and the chat template)",
+        flag="--renderer", metavar="NAME")
+    tool_parser: str | None = option("auto", "tool-call parser ('auto': the model family's; 'none' disables "
+                                     "tool-call parsing)")
+    reasoning_parser: str | None = option("auto", "reasoning parser, e.g. 'think' ('auto': the model family's; "
+                                          "'none': reasoning stays in the content)")
+    default_max_tokens: int = option(512, "generated tokens when a request sets no max tokens")
+    max_tokens_cap: int | None = option(None, "hard cap on generated tokens per request (none: the context only)")
+    context_length: int | None = option(None, "tokens of prompt + output a request may use (none: the engine's)")
+    stop_token_ids: list[int] | None = option(
+        None, "a token id that ends generation (repeat for several; default: the tokenizer's eos and the "
+        "model's generation_config eos)", flag="--stop-token-id", metavar="ID")
+    model_name: str = option("rlgate", "the model name /v1/models lists and responses echo when a request names "
+                             "none (default: the --model directory's name)", cli_default=None)
+    session_idle_timeout: float = option(3600.0, "seconds without a request before the sweeper ends a session")
+    sweep_interval: float = option(60.0, "seconds between idle-session sweeps")
+    max_sessions: int = option(10_000, "open (active) sessions at once; more -> 429")
+    max_stored_sessions: int = option(100_000, "sessions held in any state (active, ended, interrupted); more -> 429")
+    max_interactions_per_session: int = option(10_000, "interactions per session; more -> 429")
+    max_concurrent_requests_per_session: int = option(64, "generations in flight for one session key; more -> 429")
+    max_messages_per_request: int = option(10_000, "messages in one generation request; more -> 400")
+    max_tools: int = option(512, "tools offered in one request; more -> 400")
+    max_stop_sequences: int = option(16, "stop strings in one request; more -> 400")
+    max_body_bytes: int = option(32 * 1024 * 1024, "largest request body in bytes (chunked bodies too); more -> 413")
+    retain_exported: float = option(0.0, "seconds an exported session is kept for audit (0: dropped at export)")
+    shutdown_timeout: float = option(30.0, "SIGTERM: seconds requests in flight get to finish before being aborted")
+    cors_origins: list[str] = option(help="allow this CORS origin (repeat for several; none: no CORS headers)",
+                                     factory=list, flag="--cors-origin", metavar="ORIGIN")
+    stream_keepalive_interval: float = option(
+        10.0, "seconds without a streamed event before a keep-alive event (ping) is sent (0: never)")
     image_placeholder: str = "<image>"  # informational: what text-only templates render for an image
     # ---- hardening (docs/operations.md "Limits", docs/security.md) ----
     allow_template_override: bool = field(default=False, metadata={"help": (
@@ -95,6 +152,7 @@ class GatewayConfig:
     guard_store_failure_ratio: float = field(default=0.0, metadata={
         "help": "alarm when more than this fraction of store writes fail (0: any failure)"})
 
+
 @dataclass
 class ClusterConfig:
     """Gateway replicas on Ray behind one router (``rlgate serve --replicas N``; see docs/scale-out.md)."""
@@ -115,3 +173,127 @@ class ClusterConfig:
     refresh_interval: float = field(default=0.5, metadata={
         "help": "seconds between the router's refreshes of replica state and load"})
     namespace: str = field(default="rlgate", metadata={"help": "Ray namespace of the replica actors"})
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _flag(f: dataclasses.Field[Any]) -> str:
+    return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
+
+
+def _unwrap(tp: Any) -> tuple[Any, bool]:
+    """``X | None`` -> (X, True); anything else -> (tp, False)."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+_METAVARS = {int: "N", float: "X", str: "TEXT"}
+
+
+def _converter(tp: Any, optional: bool) -> Callable[[str], Any]:
+    if tp not in (int, float, str):
+        raise TypeError(f"no command-line form for a field of type {tp!r}")
+
+    def convert(text: str) -> Any:
+        if optional and text.lower() == "none":
+            return None
+        return tp(text)
+
+    convert.__name__ = tp.__name__  # argparse names the type in its error messages
+    return convert
+
+
+def _choice(choices: list[str], optional: bool) -> Callable[[str], Any]:
+    """A converter that matches ``choices`` case-insensitively (argparse then checks membership)."""
+    by_lower = {c.lower(): c for c in choices}
+
+    def convert(text: str) -> Any:
+        if optional and text.lower() == "none":
+            return None
+        return by_lower.get(text.lower(), text)
+
+    convert.__name__ = "choice"
+    return convert
+
+
+def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type[Any]) -> None:
+    """Add a flag for every field of dataclass ``cls`` that has help text (see the module docstring)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.metadata.get("help"):
+            continue
+        tp, optional = _unwrap(hints[f.name])
+        kw: dict[str, Any] = {"dest": f.name, "help": _help(f)}
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:  # a field without a default is a required flag
+            default, kw["required"] = None, True
+        env = f.metadata.get("env")
+        if env and os.environ.get(env) is not None:
+            default = os.environ[env]
+        if "cli_default" in f.metadata:
+            default = f.metadata["cli_default"]
+        kw["default"] = default
+        if tp is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(tp) is list:
+            (item,) = typing.get_args(tp)
+            kw.update(action="append", type=_converter(item, False), metavar=f.metadata.get("metavar", _METAVARS[item]))
+            kw["default"] = None if default is None else list(default)
+        elif typing.get_origin(tp) is Literal:
+            choices = list(typing.get_args(tp))
+            kw.update(choices=choices + ([None] if optional else []), type=_choice(choices, optional))
+        else:
+            kw.update(type=_converter(tp, optional), metavar=f.metadata.get("metavar", _METAVARS[tp]))
+            if "choices" in f.metadata:
+                kw["choices"] = list(f.metadata["choices"])
+        parser.add_argument(_flag(f), **kw)
+
+
+def _shown(value: Any) -> str:
+    if value is None or value == []:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def _help(f: dataclasses.Field[Any]) -> str:
+    text = str(f.metadata["help"]).replace("%", "%%")
+    if "cli_default" in f.metadata:
+        return text  # it says what the default is
+    if f.default is not dataclasses.MISSING:
+        default = _shown(f.default)
+    elif f.default_factory is not dataclasses.MISSING:
+        default = _shown(f.default_factory())
+    else:
+        return text + " (required)"
+    env = f.metadata.get("env")
+    default = (f"${env}, else {default}" if env else default).replace("%", "%%")
+    return f"{text} (default: {default})"
+
+
+def from_arguments(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
+    """An instance of dataclass ``cls`` from parsed flags; ``given`` fills the fields without a flag.
+
+    A flag left at None keeps the field's own default when None is not a value of the field
+    (a repeated flag given no times, a ``cli_default`` of None).
+    """
+    hints = typing.get_type_hints(cls)
+    values = dict(given)
+    for f in dataclasses.fields(cls):
+        if f.name in values or not f.metadata.get("help"):
+            continue
+        value = getattr(args, f.name)
+        if value is None and not _unwrap(hints[f.name])[1]:
+            continue
+        values[f.name] = value
+    return cls(**values)

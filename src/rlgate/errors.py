@@ -21,7 +21,7 @@ Hierarchy::
     ├── PayloadTooLarge (413)
     ├── RequestTimeout (408)
     ├── RateLimited (429)
-    ├── InternalError (500)
+    ├── InternalError (500, a bug: the message never says more than "internal error")
     ├── UpstreamError (502)
     └── Unavailable (503)
 
@@ -138,12 +138,15 @@ class RateLimited(GatewayError):
 
 
 class InternalError(GatewayError):
-    """A bug of the gateway's own (never the client's fault)."""
+    """What a client is told about an unexpected exception (it is logged, never sent)."""
 
     status = 500
     openai_type = "server_error"
     anthropic_type = "api_error"
     default_code = "internal_error"
+
+    def __init__(self, message: str = "internal error; see the gateway log") -> None:
+        super().__init__(message)
 
 
 class UpstreamError(GatewayError):
@@ -158,6 +161,16 @@ class Unavailable(GatewayError):
     openai_type = "server_error"
     anthropic_type = "overloaded_error"
     default_code = "unavailable"
+
+
+def engine_failure(message: str, *, status: int, code: str | None) -> GatewayError:
+    """The error for an engine's failure with HTTP ``status``: 503 Unavailable (overloaded),
+    4xx InvalidRequest (the engine refused the request), else UpstreamError (502, 504...)."""
+    if status == 503:
+        return Unavailable(message, code=code)
+    if 400 <= status < 500:
+        return InvalidRequest(message, code=code, status=status)
+    return UpstreamError(message, code=code, status=status)
 
 
 ANTHROPIC_PREFIX = "/v1/messages"

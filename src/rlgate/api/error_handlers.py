@@ -56,4 +56,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return _error_response(request, InternalError("internal error; see the gateway log"))
+        return _error_response(request, InternalError())

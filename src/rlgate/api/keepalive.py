@@ -12,8 +12,8 @@ keep-alive frame (Anthropic: an ``event: ping``; Responses: a repeated
 ``response.in_progress``; Chat Completions: an SSE comment line).
 
 Each step of the source runs in a helper task so that waiting for it can time out without
-cancelling it; all steps share ONE context (the request's write tracking, which the store reads
-through context variables, stays consistent). Nothing runs ahead: the next step starts only
+cancelling it; all steps share ONE context (the request's scope, core/request_scope.py, which
+collects the store writes to wait for, stays the same). Nothing runs ahead: the next step starts only
 when the consumer asks for the next item, so a consumer that goes away leaves the source
 suspended exactly as a plain ``async for`` would (and closing this generator closes it).
 """

@@ -227,8 +227,13 @@ def message_digest(msg: Message) -> str:
 
 def tools_digest(tools: list[ToolSpec], template_kwargs: dict[str, Any] | None = None) -> str:
     """Digest of everything besides the messages that changes the rendering."""
+    if not tools and not template_kwargs:
+        return _NO_TOOLS_DIGEST  # the common case, computed once
     payload = [[t.name, t.description, t.parameters] for t in tools], template_kwargs or {}
     return hashlib.blake2b(canonical_json(payload).encode(), digest_size=16).hexdigest()
+
+
+_NO_TOOLS_DIGEST = hashlib.blake2b(canonical_json([[], {}]).encode(), digest_size=16).hexdigest()
 
 
 # --------------------------------------------------------------------------- export form

@@ -25,7 +25,7 @@ Pipeline per token::
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,20 @@ class ToolCallDelta:
 
 
 OutputEvent = ReasoningDelta | ContentDelta | ToolCallDelta
+
+
+def join_text_deltas(events: list[OutputEvent]) -> list[OutputEvent]:
+    """Adjacent content (or reasoning) deltas joined; every other event kept in place."""
+    out: list[OutputEvent] = []
+    for ev in events:
+        last = out[-1] if out else None
+        if isinstance(ev, ContentDelta) and isinstance(last, ContentDelta):
+            out[-1] = ContentDelta(last.text + ev.text)
+        elif isinstance(ev, ReasoningDelta) and isinstance(last, ReasoningDelta):
+            out[-1] = ReasoningDelta(last.text + ev.text)
+        else:
+            out.append(ev)
+    return out
 
 
 def openai_call_id() -> str:
@@ -219,6 +233,26 @@ class OutputAssembler:
             self.result.stop_sequence = matched
             events += self._finish_parsers()
         return events
+
+    def push_many(self, token_ids: Sequence[int]) -> list[OutputEvent]:
+        """:meth:`push` for tokens that arrived together: the same text, in fewer events.
+
+        Without stop strings the tokens are detokenised one by one and their text goes
+        through the parsers at once; with stop strings every token is matched on its own
+        (the match must know which token completed it).
+        """
+        if self._stops.stops:
+            events: list[OutputEvent] = []
+            for token_id in token_ids:
+                events += self.push(token_id)
+                if self.stopped:
+                    break
+            return join_text_deltas(events)
+        if self.stopped:
+            return []
+        self.kept_tokens += len(token_ids)
+        stop_ids, detok = self._stop_ids, self._detok
+        return self._route("".join([detok.push(t) for t in token_ids if t not in stop_ids]))
 
     def finish(self) -> list[OutputEvent]:
         if self.stopped:

@@ -40,6 +40,11 @@ the template kwargs a client must not set (``chat_template``...).
 
 from __future__ import annotations
 
+import hashlib
+import json
+import threading
+from array import array
+from collections import OrderedDict
 from typing import Any
 
 from rlgate.chat.conversation import ImagePart, Message, TextPart, ToolSpec, canonical_json
@@ -57,6 +62,12 @@ __all__ = ["BridgeError", "ChatRenderer", "PromptTooLong", "TemplateError", "mes
            "max_token_chars", "reserved_template_kwargs"]
 
 _SENTINEL = "RLGATE_SENTINEL_7f3a"
+# Prompts remembered by render_ids (exact inputs -> token ids). A GRPO group sends the same
+# prompt once per sample, and an agent's retries send it again: rendering a ~40-token
+# prompt (Jinja + tokenizer) costs more than the rest of the request (benchmarks/hot_path.py).
+# Only prompts up to PROMPT_CACHE_MAX_TOKENS are kept (4-byte ids): at most 4 MiB of ids.
+PROMPT_CACHE_SIZE = 1024
+PROMPT_CACHE_MAX_TOKENS = 1024
 _PLACEHOLDER_USER = Message.of("user", "hi")
 
 
@@ -107,6 +118,10 @@ class ChatRenderer:
         self.close_aliases = dict(close_aliases or {})
         self.reserved_kwargs = reserved_template_kwargs(tokenizer)
         self.max_token_chars = max_token_chars(tokenizer)
+        # Exact template inputs of small prompts -> (prompt ids, characters rendered); bounded
+        # in entries and in size, and locked (rendering may run on a worker thread).
+        self._prompts: OrderedDict[bytes, tuple[array[int], int]] = OrderedDict()
+        self._prompts_lock = threading.Lock()
 
     # ------------------------------------------------------------------ primitives
 
@@ -154,8 +169,29 @@ class ChatRenderer:
     ) -> list[int]:
         """Fresh rendering of the whole conversation, ending with the generation prompt.
 
-        Raises :class:`PromptTooLong` instead of tokenizing a text over ``max_chars``."""
-        return self._encode_bounded(self.render_text(messages, tools, template_kwargs=template_kwargs), max_chars)
+        Raises :class:`PromptTooLong` instead of tokenizing a text over ``max_chars``.
+        Small prompts are remembered by their exact template inputs (the messages as the
+        template sees them, the tools and the template arguments), so rendering the same
+        prompt again is a lookup.
+        """
+        key = _prompt_key(messages, tools, template_kwargs)
+        with self._prompts_lock:
+            hit = self._prompts.get(key)
+            if hit is not None:
+                self._prompts.move_to_end(key)
+        if hit is not None:
+            ids, chars = hit
+            if max_chars is not None and chars > max_chars:
+                raise PromptTooLong(chars, max_chars)
+            return ids.tolist()
+        text = self.render_text(messages, tools, template_kwargs=template_kwargs)
+        ids_list = self._encode_bounded(text, max_chars)
+        if len(ids_list) <= PROMPT_CACHE_MAX_TOKENS:
+            with self._prompts_lock:
+                self._prompts[key] = (array("i", ids_list), len(text))
+                if len(self._prompts) > PROMPT_CACHE_SIZE:
+                    self._prompts.popitem(last=False)
+        return ids_list
 
     def reasoning_open(self, prompt_ids: list[int]) -> bool:
         if not self.reasoning_start or not prompt_ids:
@@ -220,3 +256,11 @@ class ChatRenderer:
         if end < 0:
             raise BridgeError("the chat template does not render the parent's reply verbatim")
         return self._encode_bounded(glue + full[end + len(suffix):], max_chars)
+
+
+def _prompt_key(messages: list[Message], tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None) -> bytes:
+    """A digest of exactly what the template receives (nothing canonicalised away)."""
+    payload = [[message_to_template(m) for m in messages], [t.to_openai() for t in tools or []],
+               template_kwargs or {}]
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=repr)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()

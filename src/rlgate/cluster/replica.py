@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 from rlgate.cluster.engines import EngineSpec
 from rlgate.cluster.keys import ReplicaNaming, derive_routing_secret
 from rlgate.config import GatewayConfig
+from rlgate.store.base import StoreOptions, Synchronous
 
 log = logging.getLogger("rlgate.cluster.replica")
 
@@ -60,7 +61,7 @@ class ReplicaSpec:
     config: GatewayConfig  # the gateway configuration (admin key included), same for every replica
     engine: EngineSpec
     data_dir: str | None = None  # replica i keeps DATA_DIR/replica-i/rlgate.sqlite; None: memory only
-    store_sync: str = "full"
+    store_sync: Synchronous = StoreOptions.store_sync
     host: str = "127.0.0.1"  # interface the replica's HTTP port binds ("0.0.0.0" across nodes)
     routing_secret: bytes | None = None  # None: derived from the admin key
     stop_token_ids: list[int] | None = None
@@ -218,8 +219,8 @@ class GatewayReplica:
         await self.engine.update_weights_from_path(path)
         if self.engine.version != version:  # e.g. it missed an update while it was stale
             _restore_version(self.engine, version)
-        self.store.save_meta(_WEIGHTS_META, {"path": path, "version": version})  # a restart reloads it
-        await self.store.wait_durable()
+        seq = self.store.save_meta(_WEIGHTS_META, {"path": path, "version": version})  # a restart reloads it
+        await self.store.wait_durable([seq])
         return int(self.engine.version)
 
     def resume(self) -> int:

@@ -26,7 +26,7 @@ from typing import Any
 from rlgate.chat.conversation import DigestChain, Message, tools_digest
 from rlgate.chat.families.base import BridgeError, ModelFamily, ParentTurn, TemplateError
 from rlgate.chat.families.registry import resolve_family
-from rlgate.chat.output import ContentDelta, OutputAssembler, OutputEvent, ReasoningDelta, openai_call_id
+from rlgate.chat.output import OutputAssembler, OutputEvent, openai_call_id
 from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser, unparsed_tool_blocks
 from rlgate.chat.prompt_bounds import PromptTooLong, max_token_chars, reserved_template_kwargs
 from rlgate.config import GatewayConfig
@@ -40,10 +40,10 @@ from rlgate.core.limits import (
 )
 from rlgate.core.render_pool import RenderPool
 from rlgate.core.request import ChatRequest
-from rlgate.core.request_scope import undo_changes
+from rlgate.core.request_scope import current_scope, undo_changes
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
-from rlgate.errors import ContextLengthExceeded, InvalidRequest, PayloadTooLarge, Unavailable, UpstreamError
+from rlgate.errors import ContextLengthExceeded, InvalidRequest, PayloadTooLarge, Unavailable, engine_failure
 from rlgate.metrics.gateway import GatewayMetrics, GenerationOutcome
 from rlgate.store.base import StoreError
 from rlgate.trajectory.flags import is_empty_reply
@@ -264,8 +264,6 @@ class GenerationService:
     ) -> Prepared:
         received_at = time.perf_counter()
         self.sessions.require_generating(session)
-        if not req.messages:
-            raise InvalidRequest("messages must contain at least one message", param="messages")
         built = await self.build_prompt(session, req)
         prompt, interaction, chain = built.prompt_ids, built.interaction, built.chain
         ctx = self.context_length
@@ -334,10 +332,16 @@ class GenerationService:
             call_id=p.call_id,
         )
 
-    async def run(self, p: Prepared) -> AsyncGenerator[OutputEvent | Finished, None]:
+    async def run(self, p: Prepared, *, incremental: bool = True) -> AsyncGenerator[OutputEvent | Finished, None]:
         """Generate; the interaction is registered when iteration starts (not in prepare),
-        so a response that is never sent leaves nothing pending behind."""
+        so a response that is never sent leaves nothing pending behind.
+
+        ``incremental=False`` (a response sent in one piece): the reply is assembled once at
+        the end instead of delta by delta, unless stop strings must be watched as tokens
+        arrive. The events and the recorded interaction are the same either way.
+        """
         self.sessions.require_generating(p.session)
+        deferred = not incremental and not p.request.stop
         assembler = self._assembler(p)
         ids: list[int] = []
         logprobs: list[float] = []
@@ -352,44 +356,48 @@ class GenerationService:
         p.session.in_flight += 1
         try:
             async for delta in stream:
+                if not len(delta.token_ids) == len(delta.logprobs) == len(delta.versions):
+                    raise EngineError(f"malformed engine output: {len(delta.token_ids)} token ids, "
+                                      f"{len(delta.logprobs)} logprobs, {len(delta.versions)} versions in one delta")
                 if first_token_at is None and delta.token_ids:
                     first_token_at = time.perf_counter()
-                events: list[Any] = []
-                for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions, strict=True):
-                    ids.append(tok)
-                    logprobs.append(lp)
-                    versions.append(ver)
-                    events.extend(assembler.push(tok))
-                    if assembler.stopped:
-                        break
-                # Tokens that arrived together (the client fell behind the engine) go out as
-                # one text delta each instead of one per token: fewer frames when backlogged.
-                for ev in merge_text_deltas(events):
-                    yield ev
+                ids += delta.token_ids  # beyond a stop string's match: cut to kept_tokens on record
+                logprobs += delta.logprobs
+                versions += delta.versions
                 if delta.finish_reason is not None:
                     engine_finish = delta.finish_reason
+                if deferred:
+                    continue
+                # Tokens that arrived together (the client fell behind the engine) go out as
+                # one text delta instead of one per token: fewer frames when backlogged.
+                for ev in assembler.push_many(delta.token_ids):
+                    yield ev
                 if assembler.stopped:
                     break
+            if deferred:
+                for ev in assembler.push_many(ids):
+                    yield ev
             for ev in assembler.finish():
                 yield ev
             final = self._record(p, assembler, ids, logprobs, versions, engine_finish, first_token_at)
-        except EngineError as exc:
+        except EngineError as exc:  # the engine failed: a 5xx that names it (or its 400)
             self._fail(p, f"engine error: {exc.message}", len(ids), first_token_at)
-            raise UpstreamError(exc.message, status=exc.status, code=exc.code) from exc
-        except ValueError as exc:  # zip(strict=True): an engine broke its own contract
-            self._fail(p, f"malformed engine output: {exc}", len(ids), first_token_at)
-            raise UpstreamError(f"malformed engine output: {exc}") from exc
-        except Exception as exc:
+            raise engine_failure(exc.message, status=exc.status, code=exc.code) from exc
+        except Exception as exc:  # rlgate's own failure: recorded, then reported as an internal error
             self._fail(p, f"internal error: {exc!r}", len(ids), first_token_at)
             raise
         finally:
-            await _close_quietly(stream)  # aborts the engine request if it is still running
-            if final is None and not p.reported:
-                # The consumer went away (disconnect / cancellation): keep what was generated.
-                self._record(p, assembler, ids, logprobs, versions, "abort", first_token_at)
-            p.session.in_flight -= 1
+            try:
+                if final is None and not p.reported:
+                    # The consumer went away (disconnect / cancellation): keep what was generated.
+                    self._record(p, assembler, ids, logprobs, versions, "abort", first_token_at)
+            finally:
+                p.session.in_flight -= 1
+                await _abort(stream)  # aborts the engine request if it is still running
+        scope = current_scope()
         try:  # the final event (finish reason, usage) is sent only once the interaction is on disk
-            await self.sessions.store.wait_durable()
+            if scope is not None:
+                await scope.wait_durable(self.sessions.store)
         except StoreError as exc:
             undo_changes()  # refused to the client: not kept for a later request to land on
             raise Unavailable(str(exc), code="store_unavailable") from exc
@@ -474,22 +482,23 @@ class GenerationService:
         """Run to the end and return only the final result (non-streaming surfaces)."""
         final: Finished | None = None
         p.streamed = False
-        async for ev in self.run(p):
+        async for ev in self.run(p, incremental=False):
             if isinstance(ev, Finished):
                 final = ev
         assert final is not None
         return final
 
 
-async def _close_quietly(stream: Any) -> None:
+async def _abort(stream: AsyncGenerator[Any, None]) -> None:
+    """Close an engine stream, which aborts its request if it is still running.
+
+    The close is shielded, so it runs to its end even if this task is cancelled meanwhile;
+    the cancellation itself is not swallowed. A failure to close is logged.
+    """
     try:
         await asyncio.shield(stream.aclose())
-    except (Exception, asyncio.CancelledError):  # noqa: BLE001 - best effort abort
-        pass
-
-
-def now() -> int:
-    return int(time.time())
+    except Exception:
+        log.exception("closing an engine stream failed")
 
 
 def share_prefix(parent: Interaction, messages: list[Message], covered: int) -> None:
@@ -504,13 +513,3 @@ def share_prefix(parent: Interaction, messages: list[Message], covered: int) -> 
         if m is not None and messages[k] is not m and messages[k] == m:
             messages[k] = m
 
-
-def merge_text_deltas(events: list[Any]) -> list[Any]:
-    """Adjacent content (or reasoning) deltas joined; every other event kept in place."""
-    out: list[Any] = []
-    for ev in events:
-        if out and type(ev) is type(out[-1]) and isinstance(ev, (ContentDelta, ReasoningDelta)):
-            out[-1] = type(ev)(out[-1].text + ev.text)
-        else:
-            out.append(ev)
-    return out

@@ -22,7 +22,7 @@ from rlgate.config import GatewayConfig
 from rlgate.core.limits import image_size, images
 from rlgate.core.naming import DefaultNaming, SessionNaming
 from rlgate.core.rate_limit import RateLimiter
-from rlgate.core.request_scope import after_response, on_write_failure
+from rlgate.core.request_scope import after_response, note_write, on_write_failure
 from rlgate.errors import (
     AuthenticationFailed,
     Conflict,
@@ -134,7 +134,7 @@ class SessionManager:
 
     def grant_capacity(self, count: int = 1) -> int:
         self.capacity += count
-        self.store.save_meta("capacity", self.capacity)
+        note_write(self.store.save_meta("capacity", self.capacity))
 
         def undo() -> None:
             self.capacity -= count
@@ -205,10 +205,10 @@ class SessionManager:
             metadata=dict(metadata or {}),
         )
         # The write first: a store that refuses the row (StoreError) leaves nothing behind.
-        self.store.save_session(session)
+        note_write(self.store.save_session(session))
         if granted:
             self.capacity -= 1
-            self.store.save_meta("capacity", self.capacity)
+            note_write(self.store.save_meta("capacity", self.capacity))
         previous_owner = self._by_key.get(digest)
         self.sessions[session.id] = session
         self._by_key[digest] = session.id  # drops the mapping of an ended session, if any
@@ -269,7 +269,7 @@ class SessionManager:
             session.status = "ended"
             session.ended_at = time.time()
             self.metrics["sessions_ended"] += 1
-            self.store.save_session(session)
+            note_write(self.store.save_session(session))
             self._mark_finished(session)
 
             def undo() -> None:
@@ -288,7 +288,7 @@ class SessionManager:
         session.interactions[interaction.id] = interaction
         session.image_bytes += image_bytes
         session.touch()
-        self.store.save_interaction(interaction)
+        note_write(self.store.save_interaction(interaction))
 
         def undo() -> None:  # the interaction never reached the store: forget it entirely
             if session.interactions.get(interaction.id) is interaction:
@@ -310,14 +310,14 @@ class SessionManager:
         self.metrics["interactions_completed"] += 1
         if interaction.finish_reason == "abort":
             self.metrics["interactions_aborted"] += 1
-        self.store.save_interaction(interaction)
+        note_write(self.store.save_interaction(interaction))
 
     def fail_interaction(self, session: Session, interaction: Interaction, error: str) -> None:
         interaction.status = "failed"
         interaction.error = error
         interaction.completed_at = time.time()
         self.metrics["interactions_failed"] += 1
-        self.store.save_interaction(interaction)
+        note_write(self.store.save_interaction(interaction))
 
     # ------------------------------------------------------------------ rewards
 
@@ -336,7 +336,7 @@ class SessionManager:
                                      param="interaction_id")
         previous = target.reward
         target.reward = float(reward)
-        self.store.save_interaction(target)
+        note_write(self.store.save_interaction(target))
 
         def undo() -> None:
             target.reward = previous

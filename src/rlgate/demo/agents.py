@@ -5,8 +5,8 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from rlgate_examples.calculator_agent import CalculatorAgent
-from rlgate_examples.math_agent import MathAgent, OpenAIMathAgent
+from rlgate.demo.calculator_agent import CalculatorAgent
+from rlgate.demo.math_agent import MathAgent, OpenAIMathAgent
 
 
 class EitherSDKMathAgent:

@@ -272,9 +272,9 @@ def run_demo(out: Path, *, task: str = "math", seed: int = 0, steps: int | None 
     split = TASKS[task](seed=0)  # the same split for every seed
     tool = None
     if task == "tools":
-        from rlgate_examples.calculator_agent import CALCULATOR_TOOL
+        from rlgate.demo.calculator_agent import CALCULATOR_TOOL
 
-        tool = CALCULATOR_TOOL
+        tool = dict(CALCULATOR_TOOL)
     warm_dir = out / f"warm-start-{task}-seed{seed}"
     # early stopping looks at items the warm start does not train on (and that are not held out)
     validation = split.train[:settings.validation_items] if settings.warm_start_target is not None else []

@@ -78,7 +78,7 @@ def greedy_texts(model: Any, renderer: ChatRenderer, prompts: list[list[int]], s
 
 def greedy_accuracy(model: Any, renderer: ChatRenderer, items: list[dict[str, Any]], stop_ids: list[int]) -> float:
     """Single-turn greedy accuracy (last number of the reply == answer), batched."""
-    from rlgate_examples.math_agent import math_reward
+    from rlgate.demo.math_agent import math_reward
 
     prompts = [renderer.render_ids([Message.of("user", it["question"])]) for it in items]
     texts = greedy_texts(model, renderer, prompts, stop_ids, batch_size=len(prompts))
@@ -90,7 +90,7 @@ def tools_greedy_accuracy(model: Any, renderer: ChatRenderer, items: list[dict[s
     """Greedy accuracy of both steps of the tool task, each teacher-forced: the first reply
     calls the tool with the right expression, and the answer after the (true) tool result
     is right. An item counts when both are."""
-    from rlgate_examples.math_agent import math_reward
+    from rlgate.demo.math_agent import math_reward
 
     fn = tool["function"]
     tools = [ToolSpec(fn["name"], fn.get("description"), fn["parameters"])]

@@ -29,15 +29,17 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name == "LocalEngine":
-        from rlgate.engine.local import LocalEngine
-
+        try:
+            from rlgate.engine.local import LocalEngine
+        except ImportError as exc:
+            raise ImportError(f"LocalEngine needs torch ({exc}); install it with: pip install 'rlgate[local]'") from exc
         return LocalEngine
     if name == "SGLangEngine":
-        from rlgate.engine.remote.sglang import SGLangEngine
+        from rlgate.engine.remote import SGLangEngine
 
         return SGLangEngine
     if name == "VLLMEngine":
-        from rlgate.engine.remote.vllm import VLLMEngine
+        from rlgate.engine.remote import VLLMEngine
 
         return VLLMEngine
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,7 +36,7 @@ versions.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -158,7 +158,7 @@ class Engine(Protocol):
         """Longest prompt + output the engine accepts, in tokens."""
         ...
 
-    def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+    def stream(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         """Yield tokens as they are produced; the last delta has a finish reason.
 
         Closing the iterator early (``aclose()``, task cancellation, client
@@ -196,8 +196,11 @@ async def collect(stream: AsyncIterator[TokenDelta]) -> GenerateResult:
 class StreamingEngineMixin:
     """``generate`` implemented on top of ``stream``."""
 
+    def stream(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
+        raise NotImplementedError
+
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        stream = self.stream(request)  # type: ignore[attr-defined]
+        stream = self.stream(request)
         try:
             return await collect(stream)
         finally:

@@ -17,17 +17,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from rlgate.engine.base import (
     EngineError,
+    FinishReason,
     GenerateRequest,
     StreamingEngineMixin,
     TokenDelta,
     WeightUpdateError,
 )
+from rlgate.engine.options import EngineOptions
 
 _FILLER = " the quick brown fox jumps over the lazy dog and runs away"
 
@@ -52,9 +54,9 @@ class FakeEngine(StreamingEngineMixin):
         tokenizer: Any = None,
         *,
         script: list[ScriptItem] | Callable[[GenerateRequest], ScriptItem] | None = None,
-        output_tokens: int = 16,
+        output_tokens: int = EngineOptions.fake_output_tokens,
         max_context_length: int = 2048,
-        token_delay: float = 0.0,
+        token_delay: float = EngineOptions.fake_token_delay,
         prefill_delay: float = 0.0,
         fail_with: EngineError | None = None,
     ) -> None:
@@ -114,7 +116,7 @@ class FakeEngine(StreamingEngineMixin):
         ids = self.tokenizer.encode(item.text or "", add_special_tokens=False)
         return ids + (stops[:1] if item.add_stop and stops else [])
 
-    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         self.requests.append(request)
         if self.fail_with is not None:
             raise self.fail_with
@@ -136,10 +138,10 @@ class FakeEngine(StreamingEngineMixin):
                     await asyncio.sleep(self.token_delay)
                 if not self._running.is_set():  # paused: this token waits (and gets the version after)
                     await self._running.wait()
-                finish = "stop" if tok in stops else None
+                finish: FinishReason | None = "stop" if tok in stops else None
                 if finish is None and pos + 1 >= limit:
                     finish = "length"
-                yield TokenDelta([tok], [fake_logprob(tok, pos)], [self._version], finish)  # type: ignore[arg-type]
+                yield TokenDelta([tok], [fake_logprob(tok, pos)], [self._version], finish)
                 if finish is not None:
                     finished = True
                     return

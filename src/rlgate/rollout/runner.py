@@ -104,6 +104,7 @@ class Allowance:
 
     def __init__(self, initial: int = 0) -> None:
         self._left = initial
+        self._waiting = 0
         self._cond = asyncio.Condition()
 
     async def grant(self, n: int) -> None:
@@ -113,12 +114,21 @@ class Allowance:
 
     async def acquire(self) -> None:
         async with self._cond:
-            await self._cond.wait_for(lambda: self._left > 0)
+            self._waiting += 1
+            try:
+                await self._cond.wait_for(lambda: self._left > 0)
+            finally:
+                self._waiting -= 1
             self._left -= 1
 
     @property
     def left(self) -> int:
         return self._left
+
+    @property
+    def waiting(self) -> int:
+        """Episodes waiting for an admission now."""
+        return self._waiting
 
 
 @dataclass

@@ -88,8 +88,7 @@ def create_app(
             sessions.accepting = False
             for task in (sweeper, poller):
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await asyncio.wait([sweeper, poller])  # their end, not their outcome (a cancelled shutdown still raises)
             if side is not None:
                 await asyncio.to_thread(side.stop)
             if not await inflight.drain(DRAIN_TIMEOUT_S):
@@ -106,12 +105,11 @@ def create_app(
     app.state.gateway = gateway
     install_error_handlers(app)
 
-    app.include_router(control.router)
-
     body_models: list[type[BaseModel]] = []
-    for surface in (chat, responses, anthropic):
+    for surface in (chat, responses, anthropic):  # first: routes are matched in order
         app.include_router(surface.router)
         body_models += surface.BODY_MODELS
+    app.include_router(control.router)
     install_openapi(app, body_models)
     if config.ui:  # the trajectory viewer (off by default; admin only, see ui/auth.py)
         from rlgate.ui.auth import UiLogins
@@ -165,5 +163,5 @@ async def _sweep_forever(sessions: SessionManager, interval: float) -> None:
         await asyncio.sleep(interval)
         try:
             sessions.sweep()
-        except Exception:  # noqa: BLE001 - the sweeper must never die
+        except Exception:  # the sweeper must never die: log and sweep again next time
             log.exception("session sweep failed")

@@ -1,7 +1,8 @@
 """Responses wait for the store: what a client was told is on disk.
 
-:class:`DurabilityMiddleware` holds every response's ``http.response.start`` until the
-writes that request submitted to the store are durable (``Store.wait_durable``), so a
+:class:`DurabilityMiddleware` opens a :class:`~rlgate.core.request_scope.RequestScope` per
+request and holds the response's ``http.response.start`` until the store writes the
+request made (their sequence numbers, noted in the scope) are durable, so a
 200 from a control route (start / end session, reward, capacity) or a non-streamed
 generation means the change is committed. Streamed generations wait inside
 ``GenerationService.run`` before the final event (finish reason, usage, ``[DONE]``).
@@ -27,6 +28,7 @@ from rlgate.store.base import StoreError
 
 log = logging.getLogger("rlgate.store")
 
+
 class DurabilityMiddleware:
     def __init__(self, app: Any, store: Any) -> None:
         self.app = app
@@ -45,7 +47,7 @@ class DurabilityMiddleware:
                 return
             if message["type"] == "http.response.start":
                 try:
-                    await self.store.wait_durable()
+                    await request_scope.wait_durable(self.store)
                 except StoreError as exc:
                     replaced = True
                     undone = undo_changes()
@@ -66,5 +68,5 @@ class DurabilityMiddleware:
             for fn in request_scope.after:
                 try:
                     fn()
-                except Exception:  # noqa: BLE001 - a hook must not turn a sent response into an error
+                except Exception:  # a hook must not turn a sent response into an error
                     log.exception("after-response hook failed")

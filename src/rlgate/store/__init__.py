@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rlgate.store.base import MemoryStore, Store, StoreError
+from rlgate.store.base import MemoryStore, Store, StoreError, StoreOptions, Synchronous
 
-__all__ = ["MemoryStore", "Store", "StoreError", "default_data_dir", "open_store", "STORE_FILE_NAME"]
+__all__ = ["MemoryStore", "Store", "StoreError", "StoreOptions", "default_data_dir", "open_store", "STORE_FILE_NAME"]
 
 STORE_FILE_NAME = "rlgate.sqlite"
 
@@ -44,7 +44,7 @@ def make_private_dirs(directory: Path) -> None:
 
 
 def open_store(spec: str | os.PathLike[str] | None = None, *, data_dir: str | os.PathLike[str] | None = None,
-               synchronous: str = "full") -> Store:
+               synchronous: Synchronous = StoreOptions.store_sync) -> Store:
     """The store for ``--store SPEC`` (``None``: ``DATA_DIR/rlgate.sqlite``). Raises
     :class:`StoreError` with one line saying why when the file cannot be used."""
     if spec is not None and str(spec) == ":memory:":

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 from rlgate.api.anthropic.protocol import (
@@ -54,10 +54,12 @@ from rlgate.api.anthropic.protocol import (
 )
 from rlgate.api.common import extra_fields, sse, tool_spec
 from rlgate.api.keepalive import KeepAlive, with_keepalive
+from rlgate.api.normalize import Sampling, chat_request
+from rlgate.api.streaming import guard_stream
 from rlgate.chat.conversation import ContentPart, ImagePart, Message, TextPart, ToolCall, ToolSpec
 from rlgate.chat.output import ContentDelta, OutputEvent, ReasoningDelta, ToolCallDelta
 from rlgate.core.generation import Finished, GenerationService, Prepared
-from rlgate.core.request import ChatRequest
+from rlgate.core.request import ChatRequest, NamedTool, ToolChoice
 from rlgate.errors import GatewayError, InvalidRequest, error_body
 
 log = logging.getLogger("rlgate.api.anthropic")
@@ -146,7 +148,13 @@ def _convert_assistant(m: MessageParam, i: int, calls: dict[str, str]) -> Messag
     return Message(role="assistant", content=parts, tool_calls=tool_calls, reasoning="\n".join(reasoning) or None)
 
 
-def _convert_system(messages: list[MessageParam], i: int) -> Message:
+def convert_system(body: MessageCreateRequest | CountTokensRequest) -> Message | None:
+    """``system`` as one leading system message (None when there is no system text)."""
+    parts = _parts(body.system) if body.system else []
+    return Message(role="system", content=parts) if parts else None
+
+
+def _mid_conversation_system(messages: list[MessageParam], i: int) -> Message:
     """A mid-conversation system message, checked against Anthropic's placement rules: not
     first, right after a user message, followed by an assistant message or nothing; text only."""
     where = f"messages[{i}]"
@@ -166,19 +174,14 @@ def _convert_system(messages: list[MessageParam], i: int) -> Message:
 
 
 def convert_messages(body: MessageCreateRequest | CountTokensRequest) -> list[Message]:
-    if not body.messages:
-        raise InvalidRequest("messages must contain at least one message", param="messages")
+    """``messages`` (without ``system``) as rlgate's conversation."""
     out: list[Message] = []
-    if body.system:
-        system = _parts(body.system)
-        if system:
-            out.append(Message(role="system", content=system))
     calls: dict[str, str] = {}  # tool_use id -> tool name, from earlier assistant messages
     for i, m in enumerate(body.messages):
         if m.role == "user":
             out += _convert_user(m, i, calls)
         elif m.role == "system":
-            out.append(_convert_system(body.messages, i))
+            out.append(_mid_conversation_system(body.messages, i))
         else:
             out.append(_convert_assistant(m, i, calls))
     return out
@@ -203,37 +206,25 @@ def convert_tools(tools: list[AnthropicToolParam] | None) -> list[ToolSpec]:
     return specs
 
 
-def _tool_choice(body: MessageCreateRequest | CountTokensRequest, tools: list[ToolSpec]) -> Any:
+def _tool_choice(body: MessageCreateRequest | CountTokensRequest) -> ToolChoice | None:
     """Only ``none`` changes anything (tool calls are not parsed); ``any`` and ``tool`` are
     validated and recorded but not enforced (generation is not constrained)."""
     tc = body.tool_choice
     if tc is None:
-        return "auto" if tools else "none"
+        return None
     if isinstance(tc, ToolChoiceToolParam):
-        if tc.name not in {t.name for t in tools}:
-            raise InvalidRequest(f"tool_choice names tool {tc.name!r}, which is not in tools",
-                                 param="tool_choice.name")
-        return {"name": tc.name}
-    return {"auto": "auto", "any": "required", "none": "none"}[tc.type]
+        return NamedTool(tc.name)
+    modes: dict[str, ToolChoice] = {"auto": "auto", "any": "required", "none": "none"}
+    return modes[tc.type]
 
 
 def to_chat_request(body: MessageCreateRequest | CountTokensRequest) -> ChatRequest:
-    messages = convert_messages(body)
-    tools = convert_tools(body.tools)
-    req = ChatRequest(
-        messages=messages,
-        tools=tools,
-        tool_choice=_tool_choice(body, tools),
-        template_kwargs=dict(body.chat_template_kwargs or {}),
-    )
+    sampling = Sampling()
     if isinstance(body, MessageCreateRequest):
-        req.max_tokens = body.max_tokens
-        req.temperature = 1.0 if body.temperature is None else body.temperature
-        req.top_p = 1.0 if body.top_p is None else body.top_p
-        req.top_k = body.top_k or 0
-        req.seed = body.seed
-        req.stop = list(body.stop_sequences or [])
-    return req
+        sampling = Sampling(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
+                            top_k=body.top_k, seed=body.seed, stop=body.stop_sequences)
+    return chat_request(convert_messages(body), convert_tools(body.tools), _tool_choice(body), sampling,
+                        system=convert_system(body), template_kwargs=body.chat_template_kwargs)
 
 
 def ignored_params(body: MessageCreateRequest | CountTokensRequest) -> list[str]:
@@ -341,7 +332,7 @@ class BlockBuilder:
 async def complete(service: GenerationService, prepared: Prepared, model: str) -> dict[str, Any]:
     builder = BlockBuilder()
     final: Finished | None = None
-    async for ev in service.run(prepared):
+    async for ev in service.run(prepared, incremental=False):
         if isinstance(ev, Finished):
             final = ev
         else:
@@ -353,12 +344,14 @@ async def complete(service: GenerationService, prepared: Prepared, model: str) -
 
 
 async def stream_events(service: GenerationService, prepared: Prepared, model: str) -> AsyncIterator[bytes]:
-    """SSE: message_start, ping, content blocks, message_delta, message_stop (or error)."""
-    start = message_json(prepared.interaction_id, model, [], None, None, len(prepared.prompt_ids), 0)
-    yield sse({"type": "message_start", "message": start}, event="message_start")
-    yield sse({"type": "ping"}, event="ping")
-    builder = BlockBuilder()
-    try:
+    """SSE: message_start, ping, content blocks, message_delta, message_stop; after a
+    failure, one ``error`` event ends the stream (api/streaming.py)."""
+
+    async def frames() -> AsyncGenerator[bytes, None]:
+        start = message_json(prepared.interaction_id, model, [], None, None, len(prepared.prompt_ids), 0)
+        yield sse({"type": "message_start", "message": start}, event="message_start")
+        yield sse({"type": "ping"}, event="ping")
+        builder = BlockBuilder()
         async for ev in with_keepalive(service.run(prepared), service.config.stream_keepalive_interval):
             if isinstance(ev, KeepAlive):
                 yield sse({"type": "ping"}, event="ping")
@@ -372,9 +365,9 @@ async def stream_events(service: GenerationService, prepared: Prepared, model: s
             else:
                 for name, data in builder.feed(ev):
                     yield sse(data, event=name)
-    except GatewayError as exc:
-        yield sse(error_body(exc, "anthropic"), event="error")
-    except Exception:  # noqa: BLE001 - the response has started: report in-band, then end
-        log.exception("messages stream %s failed", prepared.interaction_id)
-        yield sse({"type": "error", "error": {"type": "api_error", "message": "internal error; see the gateway log"}},
-                  event="error")
+
+    def error_frames(exc: GatewayError) -> list[bytes]:
+        return [sse(error_body(exc, "anthropic"), event="error")]
+
+    async for frame in guard_stream(frames(), error_frames, label=f"messages stream {prepared.interaction_id}"):
+        yield frame

@@ -137,6 +137,7 @@ async def metrics(request: Request) -> dict[str, Any]:
     return {
         **g.sessions.metrics,
         "open_sessions": g.sessions.open_sessions(),
+        "requests_in_flight": sum(s.in_flight for s in g.sessions.sessions.values()),
         "sessions": len(g.sessions.sessions),
         "capacity": g.sessions.capacity,
         "engine_version": g.engine.version,

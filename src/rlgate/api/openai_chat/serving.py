@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from rlgate.api.common import extra_fields, sse, tool_spec
 from rlgate.api.keepalive import KeepAlive, with_keepalive
+from rlgate.api.normalize import Sampling, chat_request, openai_tool_choice
 from rlgate.api.openai_chat.protocol import IGNORED_PARAMS, ChatCompletionRequest, ChatMessageParam
+from rlgate.api.streaming import guard_stream
 from rlgate.chat.conversation import ContentPart, ImagePart, Message, TextPart, ToolCall
 from rlgate.chat.output import ContentDelta, ReasoningDelta, ToolCallDelta
 from rlgate.core.generation import Finished, GenerationService, Prepared
@@ -58,34 +60,27 @@ def convert_message(m: ChatMessageParam, index: int) -> Message:
 
 
 def to_chat_request(body: ChatCompletionRequest) -> ChatRequest:
-    if not body.messages:
-        raise InvalidRequest("messages must contain at least one message", param="messages")
     if body.n not in (None, 1):
         raise InvalidRequest("only n=1 is supported", param="n")
     if body.max_tokens is not None and body.max_completion_tokens is not None:
         raise InvalidRequest("set max_tokens or max_completion_tokens, not both", param="max_tokens")
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])  # count: limits.py
     tools = [
         tool_spec(t.function.name, t.function.description, t.function.parameters, f"tools[{i}].function.parameters")
         for i, t in enumerate(body.tools or [])
     ]
-    tool_choice: Any = body.tool_choice if body.tool_choice is not None else ("auto" if tools else "none")
-    if isinstance(tool_choice, str) and tool_choice not in ("auto", "none", "required"):
-        raise InvalidRequest("tool_choice must be 'auto', 'none', 'required' or a function", param="tool_choice")
-    return ChatRequest(
-        messages=[convert_message(m, i) for i, m in enumerate(body.messages)],
-        tools=tools,
-        tool_choice=tool_choice,
+    sampling = Sampling(
         max_tokens=body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens,
         max_total_tokens=body.max_total_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
         seed=body.seed,
-        stop=stop,
-        store=True if body.store is None else body.store,
-        template_kwargs=dict(body.chat_template_kwargs or {}),
+        stop=[body.stop] if isinstance(body.stop, str) else body.stop,  # counted in core/limits.py
+        store=body.store,
     )
+    return chat_request([convert_message(m, i) for i, m in enumerate(body.messages)], tools,
+                        openai_tool_choice(body.tool_choice, nested=True), sampling,
+                        template_kwargs=body.chat_template_kwargs, tool_choice_param="tool_choice.function")
 
 
 def ignored_params(body: ChatCompletionRequest) -> list[str]:
@@ -132,15 +127,16 @@ async def complete(service: GenerationService, prepared: Prepared, model: str) -
 async def stream_chunks(
     service: GenerationService, prepared: Prepared, model: str, include_usage: bool
 ) -> AsyncIterator[bytes]:
-    """SSE frames: role chunk, deltas, one finish chunk, optional usage chunk, [DONE]."""
+    """SSE frames: role chunk, deltas, one finish chunk, optional usage chunk, [DONE]; after
+    a failure, one ``data: {"error": ...}`` frame ends the stream (api/streaming.py)."""
     created = int(time.time())
     base = {"id": prepared.interaction_id, "object": "chat.completion.chunk", "created": created, "model": model}
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         return sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
 
-    yield chunk({"role": "assistant", "content": ""})
-    try:
+    async def frames() -> AsyncGenerator[bytes, None]:
+        yield chunk({"role": "assistant", "content": ""})
         async for ev in with_keepalive(service.run(prepared), service.config.stream_keepalive_interval):
             if isinstance(ev, KeepAlive):
                 yield b": keepalive\n\n"  # an SSE comment: keeps the connection alive, ignored by parsers
@@ -160,7 +156,10 @@ async def stream_chunks(
                 else:
                     yield sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": ev.finish_reason,
                                                     "logprobs": None}], "usage": usage(ev)})
-    except GatewayError as exc:
-        yield sse(error_body(exc, "openai"))
-        return
-    yield b"data: [DONE]\n\n"
+        yield b"data: [DONE]\n\n"
+
+    def error_frames(exc: GatewayError) -> list[bytes]:
+        return [sse(error_body(exc, "openai"))]
+
+    async for frame in guard_stream(frames(), error_frames, label=f"chat stream {prepared.interaction_id}"):
+        yield frame

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlgate.api.common import extra_fields
+from rlgate.api.normalize import Sampling, chat_request, openai_tool_choice
 from rlgate.api.openai_chat.serving import parse_image_url
 from rlgate.api.openai_responses.protocol import (
     IGNORED_PARAMS,
@@ -37,7 +38,7 @@ from rlgate.api.openai_responses.protocol import (
     ResponseCreateRequest,
 )
 from rlgate.api.openai_responses.tools import ResponseTools, custom_call, local_shell_call, response_tools
-from rlgate.chat.conversation import ContentPart, Message, TextPart, ToolCall, ToolSpec
+from rlgate.chat.conversation import ContentPart, Message, TextPart, ToolCall
 from rlgate.core.request import ChatRequest
 from rlgate.errors import InvalidRequest
 from rlgate.trajectory.interaction import Session
@@ -144,28 +145,6 @@ def previous_conversation(session: Session, response_id: str) -> list[Message]:
     return [*prev.messages, prev.output_message]
 
 
-def _tool_choice(choice: str | dict[str, Any] | None, tools: list[ToolSpec]) -> Any:
-    if choice is None:
-        return "auto" if tools else "none"
-    if isinstance(choice, str):
-        if choice not in ("auto", "none", "required"):
-            raise InvalidRequest("tool_choice must be 'auto', 'none', 'required' or "
-                                 '{"type": "function", "name": ...}', param="tool_choice")
-        if choice == "required" and not tools:
-            raise InvalidRequest("tool_choice 'required' needs tools", param="tool_choice")
-        return choice
-    if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
-        raise InvalidRequest(
-            f"tool_choice of type {choice.get('type')!r} is not supported; use 'auto', 'none', 'required' or "
-            '{"type": "function", "name": ...}',
-            param="tool_choice",
-        )
-    if choice["name"] not in {t.name for t in tools}:
-        raise InvalidRequest(f"tool_choice names {choice['name']!r}, which is not among the tools",
-                             param="tool_choice.name")
-    return {"type": "function", "name": choice["name"]}
-
-
 def to_chat_request(body: ResponseCreateRequest, session: Session, tools: ResponseTools | None = None
                     ) -> ChatRequest:
     """``tools``: :func:`~rlgate.api.openai_responses.tools.response_tools` of ``body.tools``."""
@@ -189,19 +168,11 @@ def to_chat_request(body: ResponseCreateRequest, session: Session, tools: Respon
             history.insert(0, system)
     items = [MessageItem(role="user", content=body.input)] if isinstance(body.input, str) else body.input
     messages = convert_input(items, history, tools)
-    return ChatRequest(
-        messages=messages,
-        tools=tools.specs,
-        tool_choice=_tool_choice(body.tool_choice, tools.specs),
-        max_tokens=body.max_output_tokens,
-        max_total_tokens=body.max_total_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
-        seed=body.seed,
-        store=True if body.store is None else body.store,
-        template_kwargs=dict(body.chat_template_kwargs or {}),
-    )
+    sampling = Sampling(max_tokens=body.max_output_tokens, max_total_tokens=body.max_total_tokens,
+                        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
+                        store=body.store)
+    return chat_request(messages, tools.specs, openai_tool_choice(body.tool_choice, nested=False), sampling,
+                        template_kwargs=body.chat_template_kwargs, messages_param="input")
 
 
 def ignored_params(body: ResponseCreateRequest, tools: ResponseTools | None = None) -> list[str]:

@@ -18,6 +18,7 @@ from rlgate.api.openai_responses.tools import ResponseTools, call_item, response
 from rlgate.chat.conversation import ToolCall
 from rlgate.chat.output import ToolCallDelta
 from rlgate.core.generation import Finished, GenerationService
+from rlgate.core.request import ChatRequest
 
 __all__ = [
     "ItemIds",
@@ -48,7 +49,9 @@ class ResponseContext:
     created_at: int = field(default_factory=lambda: int(time.time()))
 
 
-def context(body: ResponseCreateRequest, model: str, tools: ResponseTools | None = None) -> ResponseContext:
+def context(body: ResponseCreateRequest, chat: ChatRequest, model: str, tools: ResponseTools | None = None
+            ) -> ResponseContext:
+    """The echo of ``body``, with the sampling values the request got (``chat``)."""
     tools = tools if tools is not None else response_tools(body.tools)
     text: dict[str, Any] = {"format": (body.text.format if body.text and body.text.format else {"type": "text"})}
     if body.text is not None and body.text.verbosity is not None:
@@ -61,12 +64,12 @@ def context(body: ResponseCreateRequest, model: str, tools: ResponseTools | None
         "previous_response_id": body.previous_response_id,
         "reasoning": {"effort": body.reasoning.effort if body.reasoning else None,
                       "summary": body.reasoning.summary if body.reasoning else None},
-        "store": True if body.store is None else body.store,
-        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "store": chat.store,
+        "temperature": chat.temperature,
         "text": text,
         "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
         "tools": tools.echo,
-        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "top_p": chat.top_p,
         "truncation": body.truncation or "disabled",
         "user": body.user,
         "metadata": dict(body.metadata or {}),

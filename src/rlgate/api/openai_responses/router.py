@@ -26,7 +26,7 @@ async def create_response(request: Request):
     tools = response_tools(body.tools)
     chat = convert.to_chat_request(body, session, tools)
     headers = report_ignored("responses", convert.ignored_params(body, tools))
-    ctx = objects.context(body, body.model or gw.config.model_name, tools)
+    ctx = objects.context(body, chat, body.model or gw.config.model_name, tools)
     try:
         prepared = await gw.generation.prepare(session, chat, api="responses", id_prefix=serving.ID_PREFIX,
                                                call_id=serving.new_call_id)

@@ -8,10 +8,9 @@ items once the text is complete), so a streamed and a non-streamed response are 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from rlgate.api.common import sse
@@ -28,6 +27,7 @@ from rlgate.api.openai_responses.objects import (
     response_json,
 )
 from rlgate.api.openai_responses.tools import ResponseTools, call_item
+from rlgate.api.streaming import guard_stream
 from rlgate.chat.output import ContentDelta, OutputEvent, ReasoningDelta, ToolCallDelta, openai_call_id
 from rlgate.core.generation import Finished, GenerationService, Prepared
 from rlgate.errors import ContextLengthExceeded, GatewayError
@@ -192,37 +192,37 @@ async def failed_stream(ctx: ResponseContext, exc: GatewayError) -> AsyncIterato
 
 async def stream_events(service: GenerationService, prepared: Prepared, ctx: ResponseContext
                         ) -> AsyncIterator[bytes]:
-    """SSE events, in the Responses API's order (see docs/openai-responses.md)."""
+    """SSE events, in the Responses API's order (see docs/openai-responses.md); after a
+    failure, an ``error`` and a ``response.failed`` event end the stream (api/streaming.py)."""
     seq = itertools.count()
     rid = prepared.interaction_id
+    builder = ItemBuilder(ctx.tools)
 
     def event(kind: str, fields: dict[str, Any]) -> bytes:
         return sse({"type": kind, "sequence_number": next(seq), **fields}, event=kind)
 
-    start = response_json(ctx, rid, status="in_progress", output=[])
-    yield event("response.created", {"response": start})
-    yield event("response.in_progress", {"response": start})
-    builder = ItemBuilder(ctx.tools)
-    try:
-        async with contextlib.aclosing(with_keepalive(service.run(prepared),
-                                                      service.config.stream_keepalive_interval)) as run:
-            async for ev in run:
-                if isinstance(ev, KeepAlive):  # the Responses API has no ping event: repeat the lifecycle event
-                    yield event("response.in_progress", {"response": start})
-                elif isinstance(ev, Finished):
-                    for kind, fields in builder.finish(ev.finish_reason):
-                        yield event(kind, fields)
-                    final = final_response(service, ctx, ev, builder.items(ev.finish_reason))
-                    kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
-                    yield event(kind, {"response": final})
-                else:
-                    for kind, fields in builder.feed(ev):
-                        yield event(kind, fields)
-    except Exception as exc:  # noqa: BLE001 - the stream has started: report in-band, then end it
-        if not isinstance(exc, GatewayError):
-            log.exception("responses stream %s failed", rid)
-            exc = GatewayError(f"internal error: {exc!r}", status=500, code="internal_error")
-        yield event("error", {"code": exc.code or exc.openai_type, "message": exc.message, "param": exc.param})
+    async def frames() -> AsyncGenerator[bytes, None]:
+        start = response_json(ctx, rid, status="in_progress", output=[])
+        yield event("response.created", {"response": start})
+        yield event("response.in_progress", {"response": start})
+        async for ev in with_keepalive(service.run(prepared), service.config.stream_keepalive_interval):
+            if isinstance(ev, KeepAlive):  # the Responses API has no ping event: repeat the lifecycle event
+                yield event("response.in_progress", {"response": start})
+            elif isinstance(ev, Finished):
+                for kind, fields in builder.finish(ev.finish_reason):
+                    yield event(kind, fields)
+                final = final_response(service, ctx, ev, builder.items(ev.finish_reason))
+                kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+                yield event(kind, {"response": final})
+            else:
+                for kind, fields in builder.feed(ev):
+                    yield event(kind, fields)
+
+    def error_frames(exc: GatewayError) -> list[bytes]:
         failed = response_json(ctx, rid, status="failed", output=builder.done,
                                error={"code": _failure_code(exc), "message": exc.message})
-        yield event("response.failed", {"response": failed})
+        return [event("error", {"code": exc.code or exc.openai_type, "message": exc.message, "param": exc.param}),
+                event("response.failed", {"response": failed})]
+
+    async for frame in guard_stream(frames(), error_frames, label=f"responses stream {rid}"):
+        yield frame

@@ -51,7 +51,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -70,6 +70,7 @@ from rlgate.engine.local.batch import Batch, Command, RequestState, coalesce
 from rlgate.engine.local.cache import PaddedCache, attention_layer_count
 from rlgate.engine.local.sampling import sample_tokens
 from rlgate.engine.local.weights import load_safetensors_dir, match_state_dict
+from rlgate.engine.options import EngineOptions
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -93,7 +94,7 @@ class LocalEngine(StreamingEngineMixin):
         model: PreTrainedModel | None = None,
         device: str | None = None,
         dtype: torch.dtype | None = None,
-        max_batch_size: int = 64,
+        max_batch_size: int = EngineOptions.max_batch_size,
         max_context_length: int | None = None,
         max_rows_per_session: int | None = None,
     ) -> None:
@@ -207,7 +208,7 @@ class LocalEngine(StreamingEngineMixin):
 
     # -- generation ------------------------------------------------------------------------
 
-    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         self._validate(request)
         await self.start()
         sampling = request.sampling

@@ -10,7 +10,7 @@ model. One concept per module:
 * ``backend``  :class:`Backend` (one server) and :class:`BackendHooks` (a server kind's
   weight protocol);
 * ``sglang`` / ``vllm``  the two server kinds (request body, event parsing, weight protocol);
-* ``options``  their ``rlgate serve`` options.
+* ``options``  their ``rlgate serve`` options; ``factory`` builds the engine they describe.
 
 See docs/remote-engines.md for the wire formats and the failure model.
 """

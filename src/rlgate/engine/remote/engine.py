@@ -50,7 +50,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from typing import Any, ClassVar
 
 import httpx
@@ -72,6 +72,7 @@ from rlgate.engine.remote.errors import (
     describe_exc,
     error_text,
 )
+from rlgate.engine.remote.options import RemoteOptions
 from rlgate.engine.remote.pool import BackendPool, Failover
 from rlgate.engine.remote.weights import BackendWeights
 from rlgate.engine.remote.wire import Chunk, StreamState, check_tokens, drain, sse_data
@@ -103,15 +104,15 @@ class RemoteEngine(StreamingEngineMixin):
         backend_urls: Iterable[str],
         *,
         max_context_length: int | None = None,
-        failover: Failover = "fail",
-        health_interval: float = 5.0,
+        failover: Failover = RemoteOptions.failover,
+        health_interval: float = RemoteOptions.health_interval,
         health_timeout: float = 30.0,
         connect_timeout: float = 5.0,
-        read_timeout: float = 300.0,
+        read_timeout: float = RemoteOptions.backend_timeout,
         update_timeout: float = 1800.0,
-        max_connections: int = 512,
-        api_key: str | None = None,
-        strict_logprobs: bool = False,
+        max_connections: int = RemoteOptions.backend_max_connections,
+        api_key: str | None = RemoteOptions.backend_api_key,
+        strict_logprobs: bool = RemoteOptions.strict_logprobs,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         urls = [u.rstrip("/") for u in backend_urls]
@@ -337,7 +338,7 @@ class RemoteEngine(StreamingEngineMixin):
             h["X-Rlgate-Session"] = request.session_id
         return h
 
-    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         if self._closed:
             raise EngineError("the engine is shutting down", status=503, code="engine_unavailable")
         await self.ensure_ready()
@@ -385,7 +386,7 @@ class RemoteEngine(StreamingEngineMixin):
                 b.in_flight -= 1
 
     async def _stream_from(self, b: Backend, request: GenerateRequest, start_version: int, epoch: int,
-                           retry_stale: bool = False) -> AsyncIterator[TokenDelta]:
+                           retry_stale: bool = False) -> AsyncGenerator[TokenDelta, None]:
         st = StreamState(request, b)
         responded = False
         try:

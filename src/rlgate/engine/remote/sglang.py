@@ -43,7 +43,7 @@ weights), then ``GET /model_info`` to check that the server reports the new
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
@@ -51,11 +51,11 @@ from rlgate.engine.base import FinishReason, GenerateRequest, WeightUpdateError
 from rlgate.engine.remote.backend import Backend
 from rlgate.engine.remote.engine import PROBE_TIMEOUT, RemoteEngine
 from rlgate.engine.remote.errors import BackendAborted, BackendRejected, LoadRefused, MalformedResponse, error_message, error_text
+from rlgate.engine.remote.options import RemoteOptions, SGLangPauseMode
 from rlgate.engine.remote.wire import Chunk, StreamState, as_float, as_int_list
 
 log = logging.getLogger("rlgate.engine.sglang")
 
-PauseMode = Literal["retract", "in_place", "abort"]
 
 
 class SGLangEngine(RemoteEngine):
@@ -64,8 +64,8 @@ class SGLangEngine(RemoteEngine):
     generate_path = "/generate"
     health_path = "/health"
 
-    def __init__(self, backend_urls: Any, *, pause_mode: PauseMode = "retract",
-                 return_original_logprob: bool = False, **kwargs: Any) -> None:
+    def __init__(self, backend_urls: Any, *, pause_mode: SGLangPauseMode = RemoteOptions.sglang_pause_mode,
+                 return_original_logprob: bool = RemoteOptions.sglang_return_original_logprob, **kwargs: Any) -> None:
         super().__init__(backend_urls, **kwargs)
         if pause_mode not in ("retract", "in_place", "abort"):
             raise ValueError("pause_mode must be retract, in_place or abort")

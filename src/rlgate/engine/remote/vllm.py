@@ -42,7 +42,7 @@ pause but read after the update gets the new version).
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
@@ -50,12 +50,11 @@ from rlgate.engine.base import FinishReason, GenerateRequest, WeightUpdateError
 from rlgate.engine.remote.backend import Backend
 from rlgate.engine.remote.engine import PROBE_TIMEOUT, RemoteEngine
 from rlgate.engine.remote.errors import BackendAborted, BackendRejected, LoadRefused, MalformedResponse, error_message, error_text
+from rlgate.engine.remote.options import RemoteOptions, VLLMLogprobsMode, VLLMPauseMode
 from rlgate.engine.remote.wire import Chunk, StreamState, as_float, as_int_list
 
 log = logging.getLogger("rlgate.engine.vllm")
 
-LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
-PauseMode = Literal["wait", "keep", "abort"]
 _MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
 
 
@@ -64,8 +63,8 @@ class VLLMEngine(RemoteEngine):
     generate_path = "/v1/completions"
     health_path = "/health"
 
-    def __init__(self, backend_urls: Any, *, logprobs_mode: LogprobsMode = "raw_logprobs",
-                 pause_mode: PauseMode = "abort", **kwargs: Any) -> None:
+    def __init__(self, backend_urls: Any, *, logprobs_mode: VLLMLogprobsMode = RemoteOptions.vllm_logprobs_mode,
+                 pause_mode: VLLMPauseMode = RemoteOptions.vllm_pause_mode, **kwargs: Any) -> None:
         super().__init__(backend_urls, **kwargs)
         if logprobs_mode not in _MODES:
             raise ValueError(f"logprobs_mode must be one of {sorted(_MODES)} (logits are not logprobs)")

@@ -1,8 +1,9 @@
 """SQLiteStore: sessions and interactions in one SQLite file (stdlib ``sqlite3``, WAL mode).
 
-:meth:`SQLiteStore.wait_durable` is the barrier the gateway awaits before it sends a
-response that reports a change, so that "the client saw it" implies "it is durable"
-(docs/operations.md, "Durability guarantee"). How writes reach the disk: :mod:`.commits`;
+Every ``save_*`` returns the change's write sequence number; :meth:`SQLiteStore.wait_durable`
+is the barrier the gateway awaits with a request's numbers before it sends a response that
+reports a change, so that "the client saw it" implies "it is durable" (docs/operations.md,
+"Durability guarantee"). How writes reach the disk: :mod:`.commits`;
 the row format: :mod:`.rows` and :mod:`.codec`; the files and their lock: :mod:`.files`.
 Keys: only ``key_hash`` (SHA-256 of the session key) exists on a session; keys are never
 written anywhere.
@@ -13,10 +14,11 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlgate.store.base import StoreError
+from rlgate.store.base import StoreError, StoreOptions, Synchronous
 from rlgate.store.sqlite.codec import to_json
 from rlgate.store.sqlite.commits import GroupCommit
 from rlgate.store.sqlite.files import lock_and_create
@@ -32,7 +34,7 @@ class SQLiteStore:
     durable once the WAL holding it is fsynced (survives power loss); ``"normal"``: once it
     is committed to the WAL (survives a crash of the gateway process, not of the machine)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "full") -> None:
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: Synchronous = StoreOptions.store_sync) -> None:
         if synchronous not in ("full", "normal"):
             raise ValueError("synchronous must be 'full' or 'normal'")
         self.path = Path(path)
@@ -74,23 +76,24 @@ class SQLiteStore:
 
     # ------------------------------------------------------------------ writes
 
-    def save_session(self, session: Session) -> None:
-        self._commits.submit([self._rows.session(session)])
+    def save_session(self, session: Session) -> int:
+        return self._commits.submit([self._rows.session(session)])
 
-    def save_meta(self, key: str, value: Any) -> None:
-        self._commits.submit([("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, to_json(value)))])
+    def save_meta(self, key: str, value: Any) -> int:
+        return self._commits.submit([("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                                      (key, to_json(value)))])
 
-    def save_interaction(self, interaction: Interaction) -> None:
-        self._commits.submit([self._rows.interaction(interaction)])
+    def save_interaction(self, interaction: Interaction) -> int:
+        return self._commits.submit([self._rows.interaction(interaction)])
 
-    def delete_session(self, session_id: str) -> None:
-        self._commits.submit(self._rows.delete_session(session_id))
+    def delete_session(self, session_id: str) -> int:
+        return self._commits.submit(self._rows.delete_session(session_id))
 
     # ------------------------------------------------------------------ barrier and shutdown
 
-    async def wait_durable(self) -> None:
-        """Return once the writes this request (task context) submitted are durable."""
-        await self._commits.wait_durable()
+    async def wait_durable(self, seqs: Sequence[int]) -> None:
+        """Return once the writes numbered ``seqs`` are durable (see ``Store.wait_durable``)."""
+        await self._commits.wait_durable(seqs)
 
     def flush(self, timeout: float | None = None) -> None:
         """Commit what is pending and block until it is durable."""

@@ -1,1 +1,0 @@
-"""Example agents written only against public SDKs (installed as ``rlgate_examples``)."""

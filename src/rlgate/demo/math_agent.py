@@ -1,0 +1,106 @@
+"""Single-turn GSM8K-style math agents, written only against the public SDKs.
+
+``MathAgent`` uses the Anthropic SDK (``/v1/messages``), ``OpenAIMathAgent`` the OpenAI
+SDK (chat completions). Both send exactly one user message — the question, no system
+prompt — and return reward 1.0 when the last number in the reply equals the answer::
+
+    reward = await MathAgent().run(
+        {"question": "What is 2 + 3?", "answer": "5"},
+        base_url=session.anthropic_base_url,   # gateway root: the SDK appends /v1/messages
+        api_key=session.api_key,
+    )
+    reward = await OpenAIMathAgent().run(data, base_url=session.base_url,  # root + "/v1"
+                                         api_key=session.api_key)
+
+``data`` may also carry ``max_tokens`` and ``temperature`` (they override the agent's
+defaults). ``http_client`` is passed to the SDK client as is (each SDK wants its own
+HTTP client type); it is not closed by the agent.
+
+They import nothing from rlgate: an agent is any code that talks to the gateway through
+the public SDKs. ``examples/math_agent.py`` runs one episode against a running gateway.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+
+
+def extract_last_number(text: str) -> float | None:
+    """The last number in ``text`` (``1,234.5`` -> 1234.5), or None if there is none."""
+    found = _NUMBER.findall(text or "")
+    return float(found[-1].replace(",", "")) if found else None
+
+
+def _answer_value(answer: str | int | float) -> float | None:
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        return float(answer)
+    return extract_last_number(str(answer))  # "42", "1,234", or a GSM8K solution ending "#### 42"
+
+
+def math_reward(reply: str, answer: str | int | float) -> float:
+    """1.0 if the last number of ``reply`` equals ``answer`` (compared as numbers), else 0.0."""
+    got, want = extract_last_number(reply), _answer_value(answer)
+    if got is None or want is None:
+        return 0.0
+    return 1.0 if math.isclose(got, want, rel_tol=0.0, abs_tol=1e-6) else 0.0
+
+
+class _Agent:
+    def __init__(self, model: str = "rlgate", max_tokens: int = 32, temperature: float = 1.0) -> None:
+        self.model = model
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+
+    def _options(self, data: dict[str, Any]) -> tuple[str, int, float]:
+        """The question (the one user message), max tokens and temperature of an episode."""
+        return (str(data["question"]), int(data.get("max_tokens", self.max_tokens)),
+                float(data.get("temperature", self.temperature)))
+
+
+class MathAgent(_Agent):
+    """The Anthropic SDK version."""
+
+    async def run(self, data: dict[str, Any], *, base_url: str, api_key: str, http_client: Any = None) -> float:
+        from anthropic import AsyncAnthropic
+
+        question, max_tokens, temperature = self._options(data)
+        client = AsyncAnthropic(base_url=base_url, api_key=api_key, http_client=http_client)
+        try:
+            reply = await client.messages.create(
+                model=self.model,
+                max_tokens=max_tokens,
+                messages=[{"role": "user", "content": question}],
+                # temperature is a body field of the Messages API; recent SDKs no longer
+                # have an argument for it, so it goes in extra_body (works with all).
+                extra_body={"temperature": temperature},
+            )
+        finally:
+            if http_client is None:
+                await client.close()
+        text = "".join(block.text for block in reply.content if block.type == "text")
+        return math_reward(text, data["answer"])
+
+
+class OpenAIMathAgent(_Agent):
+    """The OpenAI SDK (chat completions) version; ``base_url`` ends with ``/v1``."""
+
+    async def run(self, data: dict[str, Any], *, base_url: str, api_key: str, http_client: Any = None) -> float:
+        from openai import AsyncOpenAI
+
+        question, max_tokens, temperature = self._options(data)
+        client = AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http_client)
+        try:
+            reply = await client.chat.completions.create(
+                model=self.model,
+                messages=[{"role": "user", "content": question}],
+                max_tokens=max_tokens,
+                temperature=temperature,
+            )
+        finally:
+            if http_client is None:
+                await client.close()
+        return math_reward(reply.choices[0].message.content or "", data["answer"])

@@ -1,0 +1,28 @@
+"""Which engine ``rlgate serve`` runs, and the options of the in-process ones.
+
+The remote engines' options are in :mod:`rlgate.engine.remote.options`. The defaults here
+are the engines' own (``LocalEngine`` and ``FakeEngine`` read them from this class).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rlgate.config import option
+
+__all__ = ["EngineKind", "EngineOptions"]
+
+EngineKind = Literal["local", "fake", "sglang", "vllm"]
+
+
+@dataclass
+class EngineOptions:
+    engine: EngineKind = option("local", "local: PyTorch in this process; fake: scripted replies; sglang / vllm: "
+                                "drive inference servers (--backend-url)")
+    device: str | None = option(None, "--engine local: torch device (none: cuda if available, else cpu)")
+    max_batch_size: int = option(64, "--engine local: sequences decoded together")
+    max_rows_per_session: int | None = option(
+        None, "--engine local: batch rows one session may hold (none: half of --max-batch-size)")
+    fake_output_tokens: int = option(16, "--engine fake: tokens per reply")
+    fake_token_delay: float = option(0.0, "--engine fake: seconds between tokens")
