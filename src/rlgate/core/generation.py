@@ -10,6 +10,9 @@ non-streaming surfaces collect them. Both record the same trajectory.
 
 If the consumer stops early (client disconnect), the engine request is aborted and
 the interaction is kept with ``finish_reason="abort"`` and the tokens generated so far.
+
+(Past ~500 lines on purpose: prepare -> run -> record is one state machine over one pending
+interaction; split across files, its invariants would be read in three places.)
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ request. Nothing malformed is ever yielded: every event is validated before its 
 are passed on, and a stream that fails part-way fails the whole interaction (it is
 recorded as failed and never exported).
 
+(Past ~500 lines on purpose: the stream loop and its error mapping, retry and resume-after-pause
+paths share one request's state; the wire parsing, pool and weight protocol already live apart.)
+
 Weight updates that clients never notice
 ----------------------------------------
 During an update (and between :meth:`RemoteEngine.pause_generation` and
