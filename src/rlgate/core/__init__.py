@@ -1,0 +1,1 @@
+"""The serving core: sessions, limits, the generation service and request types; knows nothing of HTTP."""
