@@ -59,12 +59,9 @@ def _app(engine: Any, tok: Any, path: Path) -> Any:
 
 async def scripted(family: str, path: Path, tok: Any, mode: str) -> dict[str, Any]:
     from rlgate.engine.fake import FakeEngine
-    from rlgate.testing.family_scripts import reply_text
+    from rlgate.testing.family_scripts import script_ids
 
-    script = []
-    for kind, kw in TURNS:
-        text, stop = reply_text(family, kind, **kw)
-        script.append(tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids(stop)])
+    script = script_ids(tok, family, TURNS)
     app = _app(FakeEngine(tok, script=list(script)), tok, path)
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://gateway") as c:

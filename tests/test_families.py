@@ -16,7 +16,7 @@ import pytest
 
 from helpers import ADMIN_KEY, admin_headers, key_headers, start_session
 from rlgate.chat.conversation import Message, ToolCall, ToolSpec
-from rlgate.testing.family_scripts import FORMATS, reply_text
+from rlgate.testing.family_scripts import FORMATS, script_ids
 
 FAMILIES = list(FORMATS)
 # Families in the fast suite: one on the real Qwen vocabulary (the slow BPE build happens once)
@@ -144,11 +144,7 @@ def _turns(family: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _script(tok, family: str) -> list[list[int]]:
-    out = []
-    for kind, kw in _turns(family):
-        text, stop = reply_text(family, kind, **kw)
-        out.append(tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids(stop)])
-    return out
+    return script_ids(tok, family, _turns(family))
 
 
 def _openai(app):

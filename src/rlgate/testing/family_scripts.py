@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 # family -> (reasoning + answer, reasoning + tool call, tool call alone, answer alone); "{R}" reasoning,
 # "{A}" answer, "{N}" tool name, "{J}" JSON arguments, "{a}"/"{b}" argument values, "{I}" the index of
@@ -25,6 +26,9 @@ class Format:
     stop: str  # stop token after an answer
     call_stop: str  # stop token after a tool call
     reasoning: bool = True
+    # Written by the model itself at the start of a reply that follows a tool result, where the
+    # template adds no generation prompt there (DeepSeek-R1: the reasoning is not opened for it).
+    after_tool: str = ""
 
 
 FORMATS: dict[str, Format] = {
@@ -44,7 +48,8 @@ FORMATS: dict[str, Format] = {
                           "```json\n{J}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
                           "\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{N}\n"
                           "```json\n{J}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
-                          "\n</think>\n\n{A}", "<｜end▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+                          "\n</think>\n\n{A}", "<｜end▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
+                          after_tool="<think>\n"),
     "llama3": Format(None, None, '{{"name": "{N}", "parameters": {J}}}', "{A}", "<|eot_id|>", "<|eot_id|>",
                      reasoning=False),
     "gpt_oss": Format("<|channel|>analysis<|message|>{R}<|end|><|start|>assistant<|channel|>final<|message|>{A}",
@@ -65,8 +70,9 @@ FORMATS: dict[str, Format] = {
 
 
 def reply_text(family: str, kind: str, *, reasoning: str = "", answer: str = "", name: str = "add",
-               args: dict[str, int] | None = None, index: int = 0) -> tuple[str, str]:
-    """(text, stop token) of a reply of ``kind``: think_answer | think_call | call | answer."""
+               args: dict[str, int] | None = None, index: int = 0, after_tool: bool = False) -> tuple[str, str]:
+    """(text, stop token) of a reply of ``kind``: think_answer | think_call | call | answer;
+    ``after_tool``: the reply follows a tool result."""
     f = FORMATS[family]
     if not f.reasoning:
         kind = {"think_answer": "answer", "think_call": "call"}.get(kind, kind)
@@ -74,4 +80,18 @@ def reply_text(family: str, kind: str, *, reasoning: str = "", answer: str = "",
     args = args or {}
     text = template.format(R=reasoning, A=answer, N=name, J=json.dumps(args), a=args.get("a"), b=args.get("b"),
                            I=index)
+    if after_tool:
+        text = f.after_tool + text
     return text, (f.call_stop if kind.endswith("call") else f.stop)
+
+
+def script_ids(tok: Any, family: str, turns: list[tuple[str, dict[str, Any]]]) -> list[list[int]]:
+    """The fake engine's script for a conversation of ``turns`` ((kind, reply_text kwargs) each, a
+    reply after a tool call answering the tool's result): token ids of each reply + its stop token."""
+    out: list[list[int]] = []
+    previous = ""
+    for kind, kw in turns:
+        text, stop = reply_text(family, kind, after_tool=previous.endswith("call"), **kw)
+        out.append(list(tok.encode(text, add_special_tokens=False)) + [tok.convert_tokens_to_ids(stop)])
+        previous = kind
+    return out
