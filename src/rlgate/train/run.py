@@ -29,8 +29,10 @@ import asyncio
 import json
 import random
 import shutil
+import signal
 import statistics
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -241,6 +243,8 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
     # ------------------------------------------------------------------ 2. gateway
     weights = ckpt or prep.model
     gw = await open_gateway(cfg, weights, prep.model)
+    ctrl_c = _CtrlC()
+    ctrl_c.install()
     trackers = None
     exporter = None
     runner = None
@@ -272,6 +276,8 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
         first_eval = (await run.evaluate()).reward_mean if run.eval_data else None
 
         async def on_step(st: LoopState, result: StepResult) -> None:
+            if ctrl_c.seen:  # a Ctrl-C whose cancellation something swallowed: stop here all the same
+                raise asyncio.CancelledError
             trackers.log(st.step, result.metrics)
             if cfg.tracking.trajectories:
                 from rlgate.trajectory.export import write_parquet
@@ -304,6 +310,7 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
         return {"steps": state.step, "version": state.version, "eval_start": first_eval, "eval_end": final_eval,
                 "checkpoint": str(run.last_checkpoint), "out_dir": str(out)}
     finally:
+        ctrl_c.restore()
         if trackers is not None:
             trackers.close()
         if exporter is not None:
@@ -311,6 +318,34 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
         if runner is not None:
             await runner.aclose()
         await gw.close()
+
+
+class _CtrlC:
+    """Notes a Ctrl-C (SIGINT) before handing it to the handler in place (asyncio.run's, which
+    cancels the main task). A cancellation can be lost if it lands while a library swallows it
+    (seen once under heavy load); the note makes the loop stop at the next step all the same."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._previous: Any = None
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals reach the main thread only
+        self._previous = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.seen = True
+        if callable(self._previous):
+            self._previous(signum, frame)
+        elif self._previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        if self._previous is not None and signal.getsignal(signal.SIGINT) == self._handle:
+            signal.signal(signal.SIGINT, self._previous)
+        self._previous = None
 
 
 def _save_on_interrupt(run: TrainRun) -> None:
