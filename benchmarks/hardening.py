@@ -34,22 +34,11 @@ from typing import Any
 
 import httpx
 
+from procs import free_port, rss_mib, wait_healthy
+
 ADMIN = "hardening-admin-key-" + "x" * 32
 AH = {"Authorization": f"Bearer {ADMIN}"}
 USER = [{"role": "user", "content": "hi"}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 class Server:
@@ -78,17 +67,7 @@ class Server:
             self._stop.wait(0.05)
 
     def wait_healthy(self, timeout: float = 300) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log.read_text()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(self.url)
+        wait_healthy(self.url, self.proc, timeout, self.log)
 
     def rss(self) -> float:
         return rss_mib(self.proc.pid)

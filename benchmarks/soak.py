@@ -29,7 +29,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,23 +40,12 @@ from typing import Any
 
 import httpx
 
+from procs import free_port, rss_mib
+
 ADMIN = "soak-admin-key-" + "x" * 32
 AH = {"Authorization": f"Bearer {ADMIN}"}
 SLOW_TEMPLATE = ("{% for i in range(100000) %}{% for j in range(5) %}{% endfor %}{% endfor %}"
                  "{% for m in messages %}{{ m.content }}{% endfor %}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def start(model: str, store: str, src: str | None) -> tuple[subprocess.Popen, str, Path]:
