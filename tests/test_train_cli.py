@@ -193,8 +193,11 @@ def test_a_function_agent_and_a_reward_function_from_the_current_directory(work)
 @pytest.mark.timeout(1800)
 def test_ctrl_c_saves_a_checkpoint_and_says_where(work):
     (work / "cfg.yaml").write_text(yaml.safe_dump(base_config(steps=1000, checkpoint_every=500)))
+    # As from a terminal: a suite started in the background (`make test &`) hands its children an
+    # ignored SIGINT, which Python then keeps ignoring.
     proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "train", "--config", "cfg.yaml"], cwd=work,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     metrics = work / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 1200
     while not (metrics.is_file() and metrics.read_text().strip()):  # wait for a completed step

@@ -332,14 +332,17 @@ class _CtrlC:
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # signals reach the main thread only
-        self._previous = signal.getsignal(signal.SIGINT)
+        previous = signal.getsignal(signal.SIGINT)
+        if previous == signal.SIG_IGN:
+            return  # started with SIGINT ignored (a background job): keep it so
+        self._previous = previous
         signal.signal(signal.SIGINT, self._handle)
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.seen = True
         if callable(self._previous):
             self._previous(signum, frame)
-        elif self._previous != signal.SIG_IGN:
+        else:
             raise KeyboardInterrupt
 
     def restore(self) -> None:
