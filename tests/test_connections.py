@@ -258,3 +258,48 @@ def test_token_bucket_refills():
     rl.take("a")
     now[0] = 100.0
     assert rl.prune() == 1 and len(rl) == 0
+
+
+def test_oversized_headers_get_400_and_the_connection_closes(make_app):
+    """httptools buffers a request's headers without a limit; the gateway caps them (64 KiB)."""
+    app = make_app()
+    with ServerThread(app) as url:
+        big = b"X-Big: " + b"a" * (70 * 1024) + b"\r\n"
+        got, data = raw_request(url, b"GET /health HTTP/1.1\r\nHost: x\r\n" + big + b"\r\n")
+        assert got == 400, data[:300]
+        assert b"connection: close" in data.lower()
+        # sent slowly, in pieces, the same header is cut as soon as it passes the cap
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            sent = 0
+            try:
+                while sent < 1024 * 1024:
+                    s.sendall(b"a" * 8192)
+                    sent += 8192
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            assert sent < 1024 * 1024, "the server read 1 MiB of one header"
+        # headers just under the cap are served, and a kept-alive connection serves many requests
+        ok = b"X-Ok: " + b"a" * (60 * 1024) + b"\r\n"
+        got, data = raw_request(url, b"GET /health HTTP/1.1\r\nHost: x\r\n" + ok + b"\r\n")
+        assert got == 200, data[:300]
+        with httpx.Client(base_url=url) as c:
+            for _ in range(5):
+                assert c.get("/health", headers={"X-Ok": "a" * 30000}).status_code == 200
+
+
+def test_pipelined_requests_are_answered_in_order(make_app):
+    app = make_app()
+    with ServerThread(app) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+            data = b""
+            deadline = time.monotonic() + 10
+            while data.count(b"HTTP/1.1 200") < 3 and time.monotonic() < deadline:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        assert data.count(b"HTTP/1.1 200") == 3, data[:500]

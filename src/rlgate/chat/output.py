@@ -37,6 +37,7 @@ from rlgate.chat.parsers.base import (
     ReasoningText,
     ToolParser,
 )
+from rlgate.chat.token_text import decode
 
 
 @dataclass
@@ -102,7 +103,7 @@ class IncrementalDetokenizer:
         self._shown = 0  # characters returned so far
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return decode(self._tok, ids)
 
     def push(self, token_id: int) -> str:
         self._ids.append(token_id)

@@ -57,6 +57,7 @@ from rlgate.chat.prompt_bounds import (
     reserved_template_kwargs,
 )
 from rlgate.chat.render_cache import RenderCache
+from rlgate.chat.token_text import decode
 
 __all__ = ["BridgeError", "ChatRenderer", "PromptTooLong", "TemplateError", "message_to_template",
            "max_token_chars", "reserved_template_kwargs"]
@@ -155,7 +156,7 @@ class ChatRenderer:
         return self.encode(text)
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return decode(self.tokenizer, ids)
 
     # ------------------------------------------------------------------ prompts
 

@@ -32,6 +32,7 @@ from rlgate.chat.families.registry import resolve_family
 from rlgate.chat.output import OutputAssembler, OutputEvent, openai_call_id
 from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser, unparsed_tool_blocks
 from rlgate.chat.prompt_bounds import PromptTooLong, max_token_chars, reserved_template_kwargs
+from rlgate.chat.token_text import decode
 from rlgate.config import GatewayConfig
 from rlgate.core.limits import (
     check_images,
@@ -251,7 +252,7 @@ class GenerationService:
 
     def _stop_text(self, parent: Interaction) -> str | None:
         if parent.stop_kind == "stop_token" and parent.output_ids and parent.output_ids[-1] in self.stop_token_ids:
-            return self.tokenizer.decode([parent.output_ids[-1]], skip_special_tokens=False)
+            return decode(self.tokenizer, [parent.output_ids[-1]])
         return None
 
     # ------------------------------------------------------------------ prepare
@@ -496,8 +497,11 @@ async def _abort(stream: AsyncGenerator[Any, None]) -> None:
     """Close an engine stream, which aborts its request if it is still running.
 
     The close is shielded, so it runs to its end even if this task is cancelled meanwhile;
-    the cancellation itself is not swallowed. A failure to close is logged.
+    the cancellation itself is not swallowed. A failure to close is logged. A generator that
+    already ran to its end has nothing to close (no task is created for it: the common case).
     """
+    if getattr(stream, "ag_frame", True) is None:
+        return
     try:
         await asyncio.shield(stream.aclose())
     except Exception:

@@ -190,6 +190,7 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.sources = LiveSources()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # _child's memo
         # -- traffic
         self.requests = Counter("rlgate_requests", "HTTP requests answered, by surface (chat, responses, messages, "
                                 "control, metrics, ui, other), status code and whether the answer was a stream",
@@ -269,44 +270,53 @@ class GatewayMetrics:
 
     # ------------------------------------------------------------------ events
 
+    def _child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, remembered: ``labels`` validates and locks on every call,
+        a dict lookup does not. Label values are bounded (docs/operations.md), so is this."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def record_request(self, surface: str, status: int, streamed: bool) -> None:
         """``status`` 0: no answer was sent (label "none")."""
-        self.requests.labels(surface, str(status) if status else "none", "true" if streamed else "false").inc()
+        self._child(self.requests, surface, str(status) if status else "none", "true" if streamed else "false").inc()
 
     def record_generation(self, o: GenerationOutcome) -> None:
         streamed = "true" if o.streamed else "false"
-        self.generations.labels(o.api, o.finish_reason).inc()
-        self.prompt_tokens.labels(o.api).inc(o.prompt_tokens)
-        self.generated_tokens.labels(o.api).inc(o.completion_tokens)
+        self._child(self.generations, o.api, o.finish_reason).inc()
+        self._child(self.prompt_tokens, o.api).inc(o.prompt_tokens)
+        self._child(self.generated_tokens, o.api).inc(o.completion_tokens)
         if o.ttft_s is not None:
-            self.ttft_seconds.labels(o.api, streamed).observe(o.ttft_s)
-        self.total_seconds.labels(o.api, streamed).observe(o.total_s)
+            self._child(self.ttft_seconds, o.api, streamed).observe(o.ttft_s)
+        self._child(self.total_seconds, o.api, streamed).observe(o.total_s)
         g = self.guards
         interrupted = o.finish_reason in ("abort", "error")
         if interrupted:
-            self.interrupted.labels("client_abort" if o.finish_reason == "abort" else "error").inc()
+            self._child(self.interrupted, "client_abort" if o.finish_reason == "abort" else "error").inc()
         g.observe("aborted_generations", int(interrupted), 1)
         if o.finish_reason == "error":
             return  # nothing was recorded as a reply
         if o.parser is not None:
             blocks = o.tool_calls + o.parse_failures
             if blocks:
-                self.tool_parse_attempts.labels(o.parser).inc(blocks)
+                self._child(self.tool_parse_attempts, o.parser).inc(blocks)
                 if o.parse_failures:
-                    self.tool_parse_failures.labels(o.parser).inc(o.parse_failures)
+                    self._child(self.tool_parse_failures, o.parser).inc(o.parse_failures)
                 g.observe("tool_parse_failures", o.parse_failures, blocks)
         if o.unparsed_markup:
-            self.unparsed_markup.labels(o.parser or "none").inc()
+            self._child(self.unparsed_markup, o.parser or "none").inc()
         g.observe("unparsed_tool_markup", int(o.unparsed_markup > 0), 1)
         if o.finish_reason != "abort":
             if o.empty:
-                self.empty_replies.labels(o.api).inc()
+                self._child(self.empty_replies, o.api).inc()
             g.observe("empty_replies", int(o.empty), 1)
         if o.relation is not None:
-            self.turns.labels(o.relation).inc()
+            self._child(self.turns, o.relation).inc()
             if o.relation == "fork":
                 reason = o.fork_reason or "unknown"
-                self.forks.labels(reason).inc()
+                self._child(self.forks, reason).inc()
                 self._fork_reasons[reason] += 1
             if o.relation != "root":
                 g.observe("forks", int(o.relation == "fork"), 1)
@@ -330,9 +340,9 @@ class GatewayMetrics:
                 generated += k
                 if lag > limit:
                     stale += k
-        self.exported_samples.labels(style).inc(n)
+        self._child(self.exported_samples, style).inc(n)
         if missing:
-            self.missing_rewards.labels(style).inc(missing)
+            self._child(self.missing_rewards, style).inc(missing)
         self.guards.observe("missing_rewards", missing, n)
         if current_version is not None:
             self.version_lag.observe_counts(lags)
@@ -349,7 +359,7 @@ class GatewayMetrics:
     def record_restart(self, interrupted_generations: int) -> None:
         """Generations found pending at restart (cut by the stop)."""
         if interrupted_generations:
-            self.interrupted.labels("restart").inc(interrupted_generations)
+            self._child(self.interrupted, "restart").inc(interrupted_generations)
             self.guards.observe("aborted_generations", interrupted_generations, interrupted_generations)
 
     def poll(self) -> None:

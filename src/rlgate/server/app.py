@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -39,6 +40,14 @@ from rlgate.server.request_metrics import RequestMetricsMiddleware
 from rlgate.store.base import Store
 
 log = logging.getLogger("rlgate.server")
+
+# FastAPI >= 0.16x asks OpenTelemetry on every request whether a tracer / meter provider is
+# configured (an environment lookup each time: ~6% of a request's CPU in issue 14's profile).
+# rlgate's telemetry is its Prometheus metrics (docs/operations.md); FastAPI's is turned off
+# where the version has it.
+_NO_NATIVE_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
 
 # At shutdown, how long requests cut by the server's shutdown timeout get to unwind (record
 # their interactions, answer 503) before the engine and the store close under them.
@@ -101,7 +110,8 @@ def create_app(
                 log.info("gateway stopped: store flushed and closed")
 
     app = FastAPI(title="rlgate", version="0.1.0", lifespan=lifespan,
-                  description="RL gateway: OpenAI / Anthropic APIs served token-in/token-out by the training policy.")
+                  description="RL gateway: OpenAI / Anthropic APIs served token-in/token-out by the training policy.",
+                  **_NO_NATIVE_TELEMETRY)
     app.state.gateway = gateway
     install_error_handlers(app)
 

@@ -24,6 +24,7 @@ the access log a filter that drops query strings (``server/logging_filters.py``)
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import resource
 import signal
@@ -46,8 +47,10 @@ EXIT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # server, retires an idle connection: otherwise a request sent on a connection the server
 # is closing at that moment fails (uvicorn's default is also 5 s: the load benchmark hit it).
 KEEP_ALIVE_S = 65
-# Request line + headers of one request (h11's default is 16 KiB); larger -> 400 and closed.
+# Request line + headers of one request; larger -> 400 and closed (server/connections.py).
 MAX_HEADER_BYTES = 64 * 1024
+# Allocations between young-generation collections (CPython's default: 700); see tune_gc.
+GC_GEN0_THRESHOLD = 50_000
 # Open files kept free for everything but client connections (store, logs, checkpoints) and
 # for the connections over max_connections that are being answered 503.
 FD_RESERVE = 128
@@ -105,19 +108,37 @@ def fit_connections(max_connections: int) -> int:
     return max_connections
 
 
+def tune_gc() -> None:
+    """Garbage collection for a long-running gateway (issue 14: it was the largest source of
+    tail latency). CPython's collector walks every tracked object of a generation; a gateway
+    holds a large, long-lived heap (the tokenizer, transformers, pydantic schemas, then every
+    session's interactions), and with the default thresholds a young collection ran every 700
+    allocations, a full one every few thousand requests, each pausing all requests. So: the
+    objects that exist once the app is built are frozen (never collected: they live as long as
+    the process), and young collections run every ``GC_GEN0_THRESHOLD`` allocations. Reference
+    counting still frees everything that is not in a cycle at once; cycles wait a little longer.
+    Measured (benchmarks/hot_path.py, 32 concurrent): p99 latency 450-500 ms -> see
+    docs/architecture.md, "The hot path"."""
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
+
+
 def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info", access_log: bool = False,
                    shutdown_timeout: float = 30.0, max_connections: int | None = None,
                    timeout_keep_alive: int = KEEP_ALIVE_S) -> uvicorn.Config:
     """The uvicorn settings every way of serving the gateway shares (``serve``, ``ServerThread``).
-    Other apps (the fake inference servers of tests) get the same settings with uvicorn's h11."""
+    Other apps (the fake inference servers of tests) get the same settings with uvicorn's
+    httptools protocol as it is."""
     gateway = getattr(app.state, "gateway", None) if hasattr(app, "state") else None
-    http: Any = "h11"
+    http: Any = "httptools"
     if gateway is not None:
-        http = gateway_protocol(gateway.config.header_timeout, max_connections or gateway.config.max_connections)
+        http = gateway_protocol(gateway.config.header_timeout, max_connections or gateway.config.max_connections,
+                                MAX_HEADER_BYTES)
     return uvicorn.Config(
         app, host=host, port=port, log_level=log_level, access_log=access_log, lifespan="on",
         timeout_graceful_shutdown=shutdown_timeout,  # type: ignore[arg-type]
-        timeout_keep_alive=timeout_keep_alive, http=http, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        timeout_keep_alive=timeout_keep_alive, http=http,
     )
 
 
@@ -132,6 +153,7 @@ def serve(app: Any, *, host: str, port: int, log_level: str = "info", access_log
     logging_filters.install(logging_filters.RepeatFilter())
     logging_filters.install(logging_filters.RedactQueryFilter(), ("uvicorn.access",))
     server = GatewayServer(config, gateway)
+    tune_gc()
     try:
         server.run()
     finally:

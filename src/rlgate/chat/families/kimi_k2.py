@@ -18,6 +18,7 @@ from typing import Any
 from rlgate.chat.conversation import Message
 from rlgate.chat.families.base import CheckpointInfo, ModelFamily, ParentTurn
 from rlgate.chat.families.renderers_backend import renderers_backend
+from rlgate.chat.token_text import decode
 
 # The id the model wrote after each <|tool_call_begin|> of a reply.
 _WRITTEN_ID = re.compile(r"<\|tool_call_begin\|>\s*(functions\.[^:<\s]+:\d+)")
@@ -37,7 +38,7 @@ def kimi_call_ids(messages: list[Message], parent: ParentTurn | None, tokenizer:
     ids: dict[str, str] = {}
     count = 0
     if parent is not None:
-        written = _WRITTEN_ID.findall(tokenizer.decode(parent.output_ids, skip_special_tokens=False))
+        written = _WRITTEN_ID.findall(decode(tokenizer, parent.output_ids))
         for tc, wid in zip(parent.reply.tool_calls, written, strict=False):
             ids[tc.id] = wid
         count = 1 + max((int(w.rsplit(":", 1)[1]) for w in written), default=-1)

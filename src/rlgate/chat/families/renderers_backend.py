@@ -29,6 +29,7 @@ from rlgate.chat.conversation import Message, ToolSpec, canonical_json
 from rlgate.chat.families.base import BridgeError, ModelFamily, ParentTurn, TemplateError
 from rlgate.chat.prompt_bounds import check_chars
 from rlgate.chat.render_cache import RenderCache
+from rlgate.chat.token_text import decode
 
 _MAX_CONFIGS = 32  # distinct template-kwarg sets kept per gateway
 
@@ -145,7 +146,7 @@ class RenderersRenderer:
     def reasoning_open(self, prompt_ids: list[int]) -> bool:
         if not self.reasoning_start or not prompt_ids:
             return False
-        text = self.tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
+        text = decode(self.tokenizer, prompt_ids[-8:])
         return text.rstrip().endswith(self.reasoning_start)
 
 
