@@ -46,22 +46,23 @@ def ray_environment() -> None:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
-def init_ray(config: ClusterConfig) -> None:
-    """Connect to ``config.ray_address`` or start a small local Ray cluster (idempotent)."""
+def init_ray(config: ClusterConfig, *, log_to_driver: bool = False) -> None:
+    """Connect to ``config.ray_address`` or start a small local Ray cluster (idempotent).
+    ``log_to_driver``: print the workers' stdout/stderr here (``ray.trainer``: the run's output)."""
     ray_environment()
     import ray
 
     if ray.is_initialized():
         return
     if config.ray_address:
-        ray.init(address=config.ray_address, namespace=config.namespace, log_to_driver=False)
+        ray.init(address=config.ray_address, namespace=config.namespace, log_to_driver=log_to_driver)
         return
     for attempt in range(3):
         try:
             # a local cluster talks over loopback only
             ray.init(num_cpus=config.ray_num_cpus, include_dashboard=False, namespace=config.namespace,
                      _node_ip_address="127.0.0.1", object_store_memory=config.object_store_mb * 1024 * 1024,
-                     log_to_driver=False, configure_logging=False)
+                     log_to_driver=log_to_driver, configure_logging=False)
             return
         except Exception as exc:  # noqa: BLE001 - Ray gives its raylet a fixed 30 s to register
             if attempt == 2 or "timed out during startup" not in str(exc):

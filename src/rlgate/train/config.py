@@ -109,10 +109,22 @@ class GatewaySettings(_Strict):
     device: str | None = Field(default=None, description="in-process engine's device (None: cuda if available)")
 
 
+class TrainerSettings(_Strict):
+    """``ray.trainer``: the run itself (model, optimiser, GRPO loop) as one Ray actor with this
+    resource request, instead of in the ``rlgate train`` process (train/remote.py)."""
+
+    num_cpus: float = Field(default=1.0, ge=0, description="CPUs Ray reserves for the trainer")
+    num_gpus: float = Field(default=0.0, ge=0, description="GPUs Ray reserves for the trainer (its CUDA devices)")
+    memory_gb: float | None = Field(default=None, gt=0, description="memory Ray reserves for the trainer, in GiB")
+    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources, e.g. "
+                                        "{trainer_node: 1} to land on a labelled node")
+
+
 class RaySettings(_Strict):
     """Run on a Ray cluster (the ``cluster`` extra): every episode a Ray task (rollout mode ``ray``)
-    and, with ``replicas``, the gateway as that many replicas behind a router in this process (each
-    with a local engine), weights synced through the router's controller."""
+    and, with ``replicas``, the gateway as that many replicas behind a router in the trainer's
+    process (each with a local engine), weights synced through the router's controller. With
+    ``trainer``, the trainer too runs on the cluster, as one Ray actor."""
 
     address: str | None = Field(default=None, description="an existing cluster ('auto', HOST:6379); "
                                 "None: start a local one")
@@ -126,6 +138,8 @@ class RaySettings(_Strict):
                                     description="each episode's Ray resource request, e.g. {num_cpus: 1}")
     data_dir: str | None = Field(default=None, description="replicas' stores (default out_dir/replicas; "
                                  "must exist on each node)")
+    trainer: TrainerSettings | None = Field(default=None, description="run the trainer as a Ray actor with "
+                                            "this resource request (None: in the rlgate train process)")
 
 
 class MetricsSettings(_Strict):

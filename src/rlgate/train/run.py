@@ -16,7 +16,8 @@ plus optional :class:`Hooks`. Top to bottom:
    ``keep_checkpoints``), the hooks;
 5. **end** — final checkpoint, evaluation, reward curve. Ctrl-C (SIGINT) stops the loop,
    saves a checkpoint of the last completed step and prints where; a second Ctrl-C
-   exits at once.
+   exits at once. An :class:`Interrupt` does the same from another thread (the trainer
+   actor of ``ray.trainer``, train/remote.py, which runs all of this on the cluster).
 
 Run directory ``out_dir``: ``config.yaml`` (the full resolved config), ``metrics.jsonl``,
 ``evals.jsonl``, ``tensorboard/``, ``checkpoints/step-NNNNNN/`` + ``latest``,
@@ -212,9 +213,10 @@ def _trim_jsonl(path: Path, last_step: int) -> None:
     path.write_text("".join(line + "\n" for line in keep))
 
 
-async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: bool | None = None
-                       ) -> dict[str, Any]:
-    """Run ``cfg``; returns a summary. ``stdout=False`` silences the per-step lines (the demo draws a bar)."""
+async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: bool | None = None,
+                       interrupt: Interrupt | None = None) -> dict[str, Any]:
+    """Run ``cfg``; returns a summary. ``stdout=False`` silences the per-step lines (the demo draws a bar);
+    ``interrupt`` lets another thread stop the run as Ctrl-C does."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -223,6 +225,8 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
     from rlgate.train.telemetry import StepExporter
 
     hooks = hooks or Hooks()
+    if interrupt is not None:
+        interrupt.bind()
     # ------------------------------------------------------------------ 1. prepare
     prep = prepare(cfg)
     out = Path(cfg.out_dir)
@@ -276,7 +280,8 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
         first_eval = (await run.evaluate()).reward_mean if run.eval_data else None
 
         async def on_step(st: LoopState, result: StepResult) -> None:
-            if ctrl_c.seen:  # a Ctrl-C whose cancellation something swallowed: stop here all the same
+            # a Ctrl-C (or Interrupt) whose cancellation something swallowed: stop here all the same
+            if ctrl_c.seen or (interrupt is not None and interrupt.seen):
                 raise asyncio.CancelledError
             trackers.log(st.step, result.metrics)
             if cfg.tracking.trajectories:
@@ -299,7 +304,11 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
                             prompts=_prompts(prep.data, cfg.seed, state), steps=remaining, state=state,
                             on_step=on_step)
         except asyncio.CancelledError:  # Ctrl-C: keep what was learned
-            _save_on_interrupt(run)
+            message = _save_on_interrupt(run)
+            if interrupt is not None:
+                interrupt.message = message  # the driver prints it (train/remote.py)
+            else:
+                print(message, flush=True)
             raise
         # -------------------------------------------------------------- 5. end
         if run.last_checkpoint is None or run.last_checkpoint.name != f"step-{state.step:06d}":
@@ -351,15 +360,46 @@ class _CtrlC:
         self._previous = None
 
 
-def _save_on_interrupt(run: TrainRun) -> None:
+class Interrupt:
+    """A stop request from another thread, handled as Ctrl-C is: the loop stops, the last completed
+    step is saved, and the run ends with :class:`asyncio.CancelledError` (its message, saying where
+    the checkpoint is, in ``message``)."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.message: str | None = None
+        self._target: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
+        self._lock = threading.Lock()
+
+    def bind(self) -> None:
+        """Called by :func:`run_training` in its task: the task a request cancels."""
+        task = asyncio.current_task()
+        assert task is not None
+        with self._lock:
+            self._target = (asyncio.get_running_loop(), task)
+            if self.seen:  # asked before the run started
+                task.cancel()
+
+    def request(self) -> None:
+        """Thread-safe; a request after the run ended does nothing."""
+        with self._lock:
+            self.seen = True
+            if self._target is not None:
+                loop, task = self._target
+                try:
+                    loop.call_soon_threadsafe(task.cancel)
+                except RuntimeError:  # the loop has closed: the run is over
+                    pass
+
+
+def _save_on_interrupt(run: TrainRun) -> str:
+    """Saves the last completed step; the message saying where."""
     if run.state.step and (run.last_checkpoint is None or run.last_checkpoint.name != f"step-{run.state.step:06d}"):
         path = run.checkpoint()
-        print(f"\ninterrupted: step {run.state.step} saved to {path}; run the same command again to resume",
-              flush=True)
-    elif run.last_checkpoint is not None:
-        print(f"\ninterrupted: no step since {run.last_checkpoint}; run the same command again to resume", flush=True)
-    else:
-        print("\ninterrupted before the first step: nothing to save", flush=True)
+        return f"\ninterrupted: step {run.state.step} saved to {path}; run the same command again to resume"
+    if run.last_checkpoint is not None:
+        return f"\ninterrupted: no step since {run.last_checkpoint}; run the same command again to resume"
+    return "\ninterrupted before the first step: nothing to save"
 
 
 def report_error(exc: BaseException, command: str = "train") -> int:
@@ -368,22 +408,58 @@ def report_error(exc: BaseException, command: str = "train") -> int:
     return 2 if isinstance(exc, ConfigError) else 1
 
 
+@dataclass
+class Outcome:
+    """How a run ended: ``code`` 0 done, 1 failed, 2 config invalid, 130 interrupted."""
+
+    code: int
+    result: dict[str, Any] | None = None  # run_training's summary (code 0)
+    error: str | None = None  # the one message for a run that could not go on
+    notice: str | None = None  # printed on stdout (a remote run's Ctrl-C: where it saved)
+
+
+def run_outcome(cfg: TrainConfig, *, interrupt: Interrupt | None = None) -> Outcome:
+    """Run ``cfg`` to its end in a fresh event loop; errors a user can act on become one message."""
+    try:
+        result = asyncio.run(run_training(cfg, interrupt=interrupt))
+    except ConfigError as exc:
+        return Outcome(2, error=str(exc))
+    except RunError as exc:
+        return Outcome(1, error=str(exc))
+    except GatewayClientError as exc:  # the gateway refused a control call mid-run (e.g. it restarted)
+        return Outcome(1, error=f"the gateway refused a call: {exc}")
+    except httpx.HTTPError as exc:  # ... or went away
+        return Outcome(1, error=f"lost the gateway: {type(exc).__name__}: {exc}")
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return Outcome(130)
+    return Outcome(0, result)
+
+
+def report(outcome: Outcome, command: str = "train") -> int:
+    """Print how the run ended; its exit code."""
+    if outcome.notice is not None:
+        print(outcome.notice, flush=True)
+    if outcome.error is not None:
+        print(f"rlgate {command}: error: {outcome.error}", file=sys.stderr, flush=True)
+    elif outcome.result is not None:
+        result = outcome.result
+        print(f"done: step {result['steps']}, checkpoint {result['checkpoint']}; "
+              f"metrics in {Path(result['out_dir']) / 'metrics.jsonl'}", flush=True)
+        print(json.dumps(result), flush=True)
+    return outcome.code
+
+
 def train_command(config_path: str, overrides: list[str] | None = None, *, port: int | None = None) -> int:
-    """The ``rlgate train`` command: 0 done, 1 the run failed, 2 the config is invalid, 130 Ctrl-C."""
+    """The ``rlgate train`` command: 0 done, 1 the run failed, 2 the config is invalid, 130 Ctrl-C.
+    With ``ray.trainer`` the run goes to the Ray cluster (train/remote.py) and this process waits."""
     try:
         cfg = load_config(config_path, overrides)
         if port is not None:
             cfg.gateway.port = port
-        result = asyncio.run(run_training(cfg))
     except RunError as exc:
         return report_error(exc)
-    except GatewayClientError as exc:  # the gateway refused a control call mid-run (e.g. it restarted)
-        return report_error(RunError(f"the gateway refused a call: {exc}"))
-    except httpx.HTTPError as exc:  # ... or went away
-        return report_error(RunError(f"lost the gateway: {type(exc).__name__}: {exc}"))
-    except KeyboardInterrupt:
-        return 130
-    print(f"done: step {result['steps']}, checkpoint {result['checkpoint']}; "
-          f"metrics in {Path(result['out_dir']) / 'metrics.jsonl'}", flush=True)
-    print(json.dumps(result), flush=True)
-    return 0
+    if cfg.ray is not None and cfg.ray.trainer is not None:
+        from rlgate.train.remote import run_remote
+
+        return report(run_remote(cfg))
+    return report(run_outcome(cfg))
