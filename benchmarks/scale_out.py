@@ -38,6 +38,13 @@ BODY = {"model": "m", "messages": [{"role": "system", "content": "You are a help
         "max_tokens": 16}
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_server(model: str, extra: list[str]) -> tuple[str, subprocess.Popen]:
     port = free_port()
     env = {**os.environ, "RLGATE_ADMIN_KEY": ADMIN, "RLGATE_STORE": ":memory:", "HF_HUB_OFFLINE": "1"}
@@ -123,10 +130,15 @@ def main() -> None:
             for name, url in (("1 gateway", single), (f"router+{args.replicas} replicas", router)):
                 r = asyncio.run(load(url, conc, args.seconds))
                 print(f"{conc:>11} {name:>16} {r['rps']:>8.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['errors']:>6}")
+        cpu0 = cpu_seconds(procs[1].pid)
         lat = asyncio.run(added_latency(router, args.latency_requests))
+        router_cpu_ms = (cpu_seconds(procs[1].pid) - cpu0) * 1000 / (args.latency_requests + 3)
         print(f"router added latency (one request at a time, {args.latency_requests} each way): "
               f"direct p50 {lat['direct_p50_ms']:.3f} ms, via router {lat['router_p50_ms']:.3f} ms, "
               f"added {lat['added_p50_ms']:.3f} ms")
+        print(f"router CPU per forwarded request: {router_cpu_ms:.3f} ms (what the router costs whatever else "
+              "runs; on a 2-core machine shared by the client, 3 replicas and Ray, the wall-clock difference above "
+              "also holds the wake-ups of one more process per request)")
     finally:
         for p in procs:
             p.terminate()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -24,7 +25,7 @@ def test_serve_replicas_from_the_command_line(tiny_model_dir, tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir), "--engine", "fake",
          "--replicas", "2", "--ray-num-cpus", "4", "--data-dir", str(tmp_path), "--store-sync", "normal",
-         "--port", str(port), "--log-level", "warning"],
+         "--header-timeout", "2", "--port", str(port), "--log-level", "warning"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -42,6 +43,13 @@ def test_serve_replicas_from_the_command_line(tiny_model_dir, tmp_path):
                 model="m", messages=[{"role": "user", "content": "hi"}])
             assert reply.choices[0].finish_reason == "stop"
         assert replicas == {0, 1}
+        # the router faces the clients with a gateway's connection limits (server/connections.py)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (70 * 1024) + b"\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 400")
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # never finishes its headers
+            assert s.recv(1) == b""  # closed by the header timeout (2 s), not left open
         assert sorted(p.name for p in tmp_path.iterdir()) == ["replica-0", "replica-1"]  # a store each
         assert (tmp_path / "replica-0" / "rlgate.sqlite").is_file()
     finally:

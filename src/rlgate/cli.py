@@ -238,12 +238,17 @@ def serve_cluster(args: argparse.Namespace, admin_key: str) -> int:
         cluster.start()
         import uvicorn
 
-        from rlgate.server.serve import GatewayServer
+        from rlgate.server.connections import gateway_protocol
+        from rlgate.server.serve import MAX_HEADER_BYTES, GatewayServer, fit_connections, tune_gc
 
         print(f"rlgate: {cfg.replicas} replicas up; router on http://{args.host}:{args.port}", flush=True)
+        tune_gc()
+        # the router faces the clients: the same connection limits as a gateway (server/connections.py)
+        http = gateway_protocol(spec.config.header_timeout, fit_connections(spec.config.max_connections),
+                                MAX_HEADER_BYTES)
         GatewayServer(uvicorn.Config(cluster.make_router(), host=args.host, port=args.port, log_level=args.log_level,
-                                     access_log=args.access_log, timeout_keep_alive=KEEP_ALIVE_S, lifespan="on"),
-                      None).run()
+                                     access_log=args.access_log, timeout_keep_alive=KEEP_ALIVE_S, lifespan="on",
+                                     http=http), None).run()
     finally:
         cluster.stop()
         import ray

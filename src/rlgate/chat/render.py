@@ -48,7 +48,7 @@ from collections import OrderedDict
 from typing import Any
 
 from rlgate.chat.conversation import ImagePart, Message, TextPart, ToolSpec, canonical_json
-from rlgate.chat.families.base import BridgeError, ParentTurn, TemplateError
+from rlgate.chat.families.base import REASONING_TAIL, BridgeError, ParentTurn, TemplateError
 from rlgate.chat.prompt_bounds import (
     PromptTooLong,
     check_chars,
@@ -197,7 +197,7 @@ class ChatRenderer:
     def reasoning_open(self, prompt_ids: list[int]) -> bool:
         if not self.reasoning_start or not prompt_ids:
             return False
-        return self.decode(prompt_ids[-8:]).rstrip().endswith(self.reasoning_start)
+        return self.decode(prompt_ids[-REASONING_TAIL:]).rstrip().endswith(self.reasoning_start)
 
     def assistant_suffix(
         self, tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None, cache_key: str | None = None,

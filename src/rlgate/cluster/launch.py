@@ -59,8 +59,10 @@ def init_ray(config: ClusterConfig, *, log_to_driver: bool = False) -> None:
         return
     for attempt in range(3):
         try:
-            # a local cluster talks over loopback only
-            ray.init(num_cpus=config.ray_num_cpus, include_dashboard=False, namespace=config.namespace,
+            # a local cluster talks over loopback only; address="local": a new one even if another
+            # Ray cluster runs on this machine (without it ray.init joins that one, and refuses
+            # num_cpus there); joining one is what --ray-address is for
+            ray.init(address="local", num_cpus=config.ray_num_cpus, include_dashboard=False, namespace=config.namespace,
                      _node_ip_address="127.0.0.1", object_store_memory=config.object_store_mb * 1024 * 1024,
                      log_to_driver=log_to_driver, configure_logging=False)
             return

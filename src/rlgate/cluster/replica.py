@@ -109,7 +109,7 @@ class GatewayReplica:
         from rlgate.model import load_tokenizer, stop_token_ids
         from rlgate.server.app import create_app
         from rlgate.server.runner import ServerThread
-        from rlgate.server.serve import KEEP_ALIVE_S
+        from rlgate.server.serve import KEEP_ALIVE_S, tune_gc
         from rlgate.store import open_store
 
         logging.basicConfig(level=spec.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -139,6 +139,7 @@ class GatewayReplica:
         self.server = ServerThread(self.gate, host=spec.host, port=0, log_level=spec.log_level,
                                    timeout_keep_alive=KEEP_ALIVE_S)
         self.url = self.server.start()
+        tune_gc()  # this actor's process is the replica's: GC tuned as `rlgate serve` tunes it
         if spec.host in ("0.0.0.0", "::"):  # reachable from other nodes: advertise the node's address
             port = self.url.rsplit(":", 1)[1]
             self.url = f"http://{_node_ip()}:{port}"

@@ -20,14 +20,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
+import random
 import time
-import uuid
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlgate.chat.conversation import DigestChain, Message, tools_digest
-from rlgate.chat.families.base import BridgeError, ModelFamily, ParentTurn, TemplateError
+from rlgate.chat.families.base import REASONING_TAIL, BridgeError, ModelFamily, ParentTurn, TemplateError
 from rlgate.chat.families.registry import resolve_family
 from rlgate.chat.output import OutputAssembler, OutputEvent, openai_call_id
 from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser, unparsed_tool_blocks
@@ -142,6 +143,12 @@ class GenerationService:
         self.reasoning_parser = (
             self.family.reasoning_parser if config.reasoning_parser == "auto" else config.reasoning_parser
         )
+        # Interaction ids: 128 random bits each, from a generator seeded by the OS once (uuid4
+        # asked the OS for every id: a syscall per request). Ids name turns; they grant nothing.
+        self._ids = random.Random(os.urandom(32))
+        # reasoning_open's answer by the prompt's last tokens (renderers read at most the last 8:
+        # the generation prompt, the same for almost every request); bounded
+        self._reasoning_open: dict[tuple[int, ...], bool] = {}
         # Validate parser names once, at startup.
         if self.tool_parser:
             get_tool_parser(self.tool_parser)
@@ -296,7 +303,7 @@ class GenerationService:
             )
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from exc
-        interaction_id = f"{id_prefix}{uuid.uuid4().hex}"
+        interaction_id = f"{id_prefix}{self._ids.getrandbits(128):032x}"
         interaction.id = interaction_id
         interaction.api = api
         interaction.sampling = {
@@ -325,8 +332,14 @@ class GenerationService:
         if self.reasoning_parser:
             # Templates whose generation prompt opens the reasoning block (Qwen3-Thinking-2507,
             # DeepSeek-R1) produce replies that start inside it.
-            reasoning = get_reasoning_parser(self.reasoning_parser,
-                                             starts_in_reasoning=self.renderer.reasoning_open(p.prompt_ids))
+            tail = tuple(p.prompt_ids[-REASONING_TAIL:])
+            opens = self._reasoning_open.get(tail)
+            if opens is None:
+                opens = self.renderer.reasoning_open(p.prompt_ids)
+                if len(self._reasoning_open) >= 1024:
+                    self._reasoning_open.clear()
+                self._reasoning_open[tail] = opens
+            reasoning = get_reasoning_parser(self.reasoning_parser, starts_in_reasoning=opens)
         return OutputAssembler(
             self.tokenizer,
             stop_token_ids=self.stop_token_ids,

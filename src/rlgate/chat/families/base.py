@@ -20,7 +20,8 @@ The prompt renderer contract
     Renderers may be called on a worker thread (``core/render_pool.py``);
 ``reasoning_open(prompt_ids)``
     whether the generation prompt already opened a reasoning block (Qwen3-Thinking-2507 and
-    DeepSeek-R1 end it with ``<think>\\n``), so the reply starts inside reasoning.
+    DeepSeek-R1 end it with ``<think>\\n``), so the reply starts inside reasoning. It reads
+    only the last ``REASONING_TAIL`` ids (the caller memoises the answer by them).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from typing import Any, Protocol
 
 from rlgate.chat.conversation import Message, ToolSpec
 from rlgate.chat.render_cache import RenderCache
+
+# reasoning_open reads at most this many ids from the end of the prompt
+REASONING_TAIL = 8
 
 
 class BridgeError(Exception):

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlgate.chat.conversation import Message, ToolSpec, canonical_json
-from rlgate.chat.families.base import BridgeError, ModelFamily, ParentTurn, TemplateError
+from rlgate.chat.families.base import REASONING_TAIL, BridgeError, ModelFamily, ParentTurn, TemplateError
 from rlgate.chat.prompt_bounds import check_chars
 from rlgate.chat.render_cache import RenderCache
 from rlgate.chat.token_text import decode
@@ -146,7 +146,7 @@ class RenderersRenderer:
     def reasoning_open(self, prompt_ids: list[int]) -> bool:
         if not self.reasoning_start or not prompt_ids:
             return False
-        text = decode(self.tokenizer, prompt_ids[-8:])
+        text = decode(self.tokenizer, prompt_ids[-REASONING_TAIL:])
         return text.rstrip().endswith(self.reasoning_start)
 
 
