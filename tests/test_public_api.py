@@ -41,8 +41,9 @@ def test_every_public_module_is_reexported():
                                                "AgentError", "RunError", "TooManyFailures", "FinishedEpisode",
                                                "Sample"}),
                       (rlgate.train.config, {"DatasetSource", "RolloutSettings", "GatewaySettings",
-                                             "TrackingSettings", "RaySettings", "MetricsSettings", "RunError"}),
-                      (rlgate.train.run, {"Prepared", "Trackers", "ConfigError", "TrainConfig", "RunError"})):
+                                             "TrackingSettings", "RaySettings", "TrainerSettings", "MetricsSettings",
+                                             "RunError"}),
+                      (rlgate.train.run, {"Prepared", "Outcome", "Trackers", "ConfigError", "TrainConfig", "RunError"})):
         public = {n for n, o in vars(mod).items() if inspect.isclass(o) and not n.startswith("_")
                   and o.__module__ == mod.__name__}
         assert public - skip <= set(rlgate.__all__), (mod.__name__, public - skip - set(rlgate.__all__))

@@ -15,7 +15,8 @@ Public surface (everything else is internal and may change)::
       TooManyFailures
     Training
       TrainConfig, load_config, ConfigError               the run configuration (strict)
-      run_training, Hooks, TrainRun, EvalResult           the loop wiring `rlgate train` and the demo use
+      run_training, Hooks, TrainRun, EvalResult,          the loop wiring `rlgate train` and the demo use
+      Interrupt                                           (Interrupt: stop a run from another thread)
       GRPOTrainer, GRPOConfig, grpo_loop, LoopState,      the GRPO trainer and loop (import torch)
       StepResult, TrainingStalled
       WeightSync, ColocatedSync, RemoteSync               pushing weights to the serving policy
@@ -55,6 +56,7 @@ _WHERE = {
     "Hooks": "rlgate.train.run",
     "TrainRun": "rlgate.train.run",
     "EvalResult": "rlgate.train.run",
+    "Interrupt": "rlgate.train.run",
     "GRPOTrainer": "rlgate.train.grpo",
     "grpo_loop": "rlgate.train.grpo",
     "LoopState": "rlgate.train.grpo",
@@ -82,6 +84,7 @@ __all__ = [
     "GatewayConfig",
     "Group",
     "Hooks",
+    "Interrupt",
     "LoopState",
     "RemoteSync",
     "RolloutRunner",
@@ -124,6 +127,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names resolve throu
     from rlgate.server.app import create_app
     from rlgate.train.config import ConfigError, GRPOConfig, TrainConfig, load_config
     from rlgate.train.grpo import GRPOTrainer, LoopState, StepResult, TrainingStalled, grpo_loop
-    from rlgate.train.run import EvalResult, Hooks, TrainRun, run_training
+    from rlgate.train.run import EvalResult, Hooks, Interrupt, TrainRun, run_training
     from rlgate.train.sync import ColocatedSync, RemoteSync, WeightSync
     from rlgate.trajectory.sample import Sample

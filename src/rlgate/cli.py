@@ -296,7 +296,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         from rlgate.train.check import run_check
 
         return run_check(args.config, args.set, episodes=args.episodes, port=args.port)
-    from rlgate.train.run import train_command
+    from rlgate.train.command import train_command
 
     return train_command(args.config, args.set, port=args.port)
 

@@ -44,7 +44,7 @@ import httpx
 from rlgate.client import GatewayClientError
 from rlgate.rollout.errors import RunError
 from rlgate.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
-from rlgate.train.config import ConfigError, TrainConfig, load_config
+from rlgate.train.config import ConfigError, TrainConfig
 from rlgate.train.loading import load_agent, load_dataset, load_reward_fn, resolve_model
 from rlgate.train.tracking import Trackers, check_tracking
 
@@ -447,19 +447,3 @@ def report(outcome: Outcome, command: str = "train") -> int:
               f"metrics in {Path(result['out_dir']) / 'metrics.jsonl'}", flush=True)
         print(json.dumps(result), flush=True)
     return outcome.code
-
-
-def train_command(config_path: str, overrides: list[str] | None = None, *, port: int | None = None) -> int:
-    """The ``rlgate train`` command: 0 done, 1 the run failed, 2 the config is invalid, 130 Ctrl-C.
-    With ``ray.trainer`` the run goes to the Ray cluster (train/remote.py) and this process waits."""
-    try:
-        cfg = load_config(config_path, overrides)
-        if port is not None:
-            cfg.gateway.port = port
-    except RunError as exc:
-        return report_error(exc)
-    if cfg.ray is not None and cfg.ray.trainer is not None:
-        from rlgate.train.remote import run_remote
-
-        return report(run_remote(cfg))
-    return report(run_outcome(cfg))
