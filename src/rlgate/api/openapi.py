@@ -30,10 +30,13 @@ def body_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def install_openapi(app: FastAPI, models: list[type[BaseModel]]) -> None:
+    """The app's OpenAPI document. A route the app serves through Starlette (which FastAPI
+    would not document) is documented by the FastAPI route it stands for (``api_route``)."""
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
-        doc = get_openapi(title=app.title, version=app.version, routes=app.routes, description=app.description)
+        doc = get_openapi(title=app.title, version=app.version, routes=[getattr(r, "api_route", r) for r in app.routes],
+                          description=app.description)
         comps = doc.setdefault("components", {}).setdefault("schemas", {})
         for m in models:
             for name, sub in (_schema(m).get("$defs") or {}).items():
