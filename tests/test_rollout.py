@@ -111,7 +111,9 @@ async def test_failing_and_hanging_agents_lose_only_their_episode(make_app, toke
             from openai import AsyncOpenAI
 
             async with AsyncOpenAI(base_url=client.base_url, api_key="none", max_retries=0) as oai:
-                runner = RolloutRunner(client, FlakyAgent(oai), group_size=4, concurrency=8, episode_timeout=5.0)
+                # the timeout is for the hanging agents; the others must never meet it, even on a
+                # machine under load (5 s was met once beside a Ray test run)
+                runner = RolloutRunner(client, FlakyAgent(oai), group_size=4, concurrency=8, episode_timeout=15.0)
                 groups = [g async for g in runner.groups([("a", {"q": "?", "a": "7"}),
                                                           ("b", {"q": "?", "a": "7"})])]
             metrics = await client.metrics()
