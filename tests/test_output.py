@@ -112,3 +112,21 @@ def test_tokens_pushed_together_assemble_the_same_reply(tokenizer, stop_ids):
             events += many.finish()
             assert many.result == one.result and many.kept_tokens == one.kept_tokens, (kw, chunk)
             assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == one.result.content
+        whole = make()  # a reply sent in one piece: decoded in one call
+        events = whole.push_all(ids) + whole.finish()
+        assert whole.result == one.result and whole.kept_tokens == one.kept_tokens, kw
+        assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == one.result.content
+
+
+def test_a_whole_reply_decoded_at_once_equals_token_by_token(tokenizer, stop_ids):
+    """push_all's one decode == push's steps, random ids included (partial characters at the end)."""
+    import random
+
+    rng = random.Random(3)
+    for _ in range(300):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 30))]
+        one, _ = assemble(tokenizer, ids, stop_token_ids=stop_ids, reasoning_parser=get_reasoning_parser("think"))
+        whole = OutputAssembler(tokenizer, stop_token_ids=stop_ids, reasoning_parser=get_reasoning_parser("think"))
+        whole.push_all(ids)
+        whole.finish()
+        assert whole.result == one.result and whole.kept_tokens == one.kept_tokens, ids

@@ -101,11 +101,25 @@ class IncrementalDetokenizer:
         self._prefix = 0  # start of the window whose text was already emitted
         self._read = 0  # end of that window
         self._shown = 0  # characters returned so far
+        self._whole: str | None = None  # the text of push_all's ids (then only flush may follow)
 
     def _decode(self, ids: list[int]) -> str:
         return decode(self._tok, ids)
 
+    def push_all(self, ids: list[int]) -> str:
+        """Every token of a reply at once, on a fresh detokenizer: one decode instead of one step
+        per token (the same text: ``flush`` relies on it too). An incomplete character at the
+        end waits for ``flush``, as with ``push``; only ``flush`` may follow."""
+        if self._ids:
+            raise RuntimeError("push_all needs a fresh detokenizer")
+        self._ids = list(ids)
+        self._whole = self._decode(self._ids)
+        self._shown = len(self._whole.rstrip("\ufffd"))
+        return self._whole[:self._shown]
+
     def push(self, token_id: int) -> str:
+        if self._whole is not None:
+            raise RuntimeError("push after push_all")
         self._ids.append(token_id)
         if self._fast is not None:
             stream, backend = self._fast
@@ -122,7 +136,7 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """Text still held back at the very end (an incomplete character)."""
-        full = self._decode(self._ids)
+        full = self._whole if self._whole is not None else self._decode(self._ids)
         out = full[self._shown:]
         self._shown = len(full)
         return out
@@ -254,6 +268,16 @@ class OutputAssembler:
         self.kept_tokens += len(token_ids)
         stop_ids, detok = self._stop_ids, self._detok
         return self._route("".join([detok.push(t) for t in token_ids if t not in stop_ids]))
+
+    def push_all(self, token_ids: Sequence[int]) -> list[OutputEvent]:
+        """The whole reply at once (a response sent in one piece): :meth:`push_many`, with the
+        text decoded in one call when no stop string must be watched token by token. Only
+        :meth:`finish` may follow."""
+        if self._stops.stops or self.stopped or self.kept_tokens:
+            return self.push_many(token_ids)
+        self.kept_tokens += len(token_ids)
+        stop_ids = self._stop_ids
+        return self._route(self._detok.push_all([t for t in token_ids if t not in stop_ids]))
 
     def finish(self) -> list[OutputEvent]:
         if self.stopped:

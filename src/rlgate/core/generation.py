@@ -392,7 +392,7 @@ class GenerationService:
                 if assembler.stopped:
                     break
             if deferred:
-                for ev in assembler.push_many(ids):
+                for ev in assembler.push_all(ids):
                     yield ev
             for ev in assembler.finish():
                 yield ev
