@@ -375,3 +375,23 @@ def test_head_expect_continue_and_connection_close_still_answer(make_app):
         with httpx.Client(base_url=url, headers={"Connection": "close"}) as c:
             for _ in range(3):
                 assert c.get("/health").status_code == 200
+
+
+def test_a_response_longer_than_the_header_timeout_is_not_cut(make_app, tokenizer):
+    """The header timer guards the request's head only: a request whose body arrived in the same
+    read as its headers (idle again at once) kept the timer armed, and a response still
+    streaming when it fired was cut (the cluster's SSE streams through the router broke)."""
+    from rlgate.engine.fake import FakeEngine
+
+    app = make_app(FakeEngine(tokenizer, output_tokens=12, token_delay=0.1), header_timeout=0.3)
+    with ServerThread(app) as url:
+        _, key = httpx_start_session(url)
+        headers = {"Authorization": f"Bearer {key}"}
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12}
+        with httpx.Client(base_url=url, timeout=60) as c:
+            r = c.post("/v1/chat/completions", json=body, headers=headers)  # ~1.2 s > 0.3 s
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 12, r.text
+            with c.stream("POST", "/v1/chat/completions", json={**body, "stream": True}, headers=headers) as s:
+                text = "".join(s.iter_text())
+            assert s.status_code == 200 and text.rstrip().endswith("data: [DONE]"), text[-300:]
+            assert c.get("/health").status_code == 200  # the same kept-alive connection still serves

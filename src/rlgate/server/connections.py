@@ -109,6 +109,7 @@ class _GatewayProtocol(HttpToolsProtocol):
         self._in_head = False  # a request line / headers have started and not finished
         self._head_bytes = 0  # request line and headers parsed so far
         self._head_raw = 0  # bytes received while they are incomplete
+        self._heads_done = False  # a request's headers completed during the current data_received
         self._responses = _OneWriteResponses(transport, self.loop)
         if len(self.connections) > self.max_connections:
             self.app = _too_many_connections
@@ -121,6 +122,7 @@ class _GatewayProtocol(HttpToolsProtocol):
         was_in_head = self._in_head
         if self._header_timer is None and (self._idle or self._in_head):
             self._arm()  # the first byte of a next request on a kept-alive connection
+        self._heads_done = False
         super().data_received(data)
         if self._in_head:
             # httptools holds an unfinished header line in its own buffer, out of on_header's
@@ -128,8 +130,9 @@ class _GatewayProtocol(HttpToolsProtocol):
             self._head_raw = (self._head_raw if was_in_head else 0) + len(data)
             if self._head_raw > self.max_header_bytes and not self.transport.is_closing():
                 self._headers_too_large()
-        elif not self._idle:
-            self._disarm()  # the request line and headers are in
+        elif self._heads_done or not self._idle:
+            # the request line and headers are in (the whole request may be too: idle again)
+            self._disarm()
 
     def on_message_begin(self) -> None:
         self._idle = False
@@ -151,6 +154,7 @@ class _GatewayProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._heads_done = True
         transport, self.transport = self.transport, self._responses  # type: ignore[assignment]
         try:
             super().on_headers_complete()  # the request's cycle writes its response through it
@@ -180,7 +184,8 @@ class _GatewayProtocol(HttpToolsProtocol):
 
     def _headers_too_slow(self) -> None:
         self._header_timer = None
-        if (self._idle or self._in_head) and not self.transport.is_closing():
+        responding = self.cycle is not None and not self.cycle.response_complete
+        if (self._idle or self._in_head) and not responding and not self.transport.is_closing():
             log.info("closing a connection that sent no complete request headers within %g s", self._timeout)
             self.transport.close()
 
