@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,12 +49,6 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "max_to
 PATH = "/chat/completions"  # AReaL's path (it has no /v1 prefix); rlgate serves both
 REPLY_TOKENS = 16
 DEFAULT_AREAL_PYTHON = "/work/areal-venv/bin/python"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- servers
@@ -118,31 +111,26 @@ def serve_areal(port: int, model: str) -> None:
 
 
 class Server:
+    """A server process on a free port (the load side only: never under AReaL's Python)."""
+
     def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        from procs import free_port
+
         self.name = name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([*argv, "--port", str(self.port)], env=env or dict(os.environ))
 
     def wait_up(self, timeout: float = 600.0) -> None:
-        import httpx
+        from procs import wait_healthy
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"{self.name} did not start")
+        wait_healthy(self.url, self.proc, timeout)
 
     def cpu_seconds(self) -> float:
         """CPU time the server process has used so far (user + system)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        from procs import cpu_seconds
+
+        return cpu_seconds(self.proc.pid)
 
     def stop(self) -> None:
         self.proc.terminate()

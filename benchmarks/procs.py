@@ -1,17 +1,16 @@
-"""What the benchmarks that start servers share: a free port, a process's RSS, waiting for /health."""
+"""What the benchmarks that start servers share: a free port, waiting for /health (both from
+tests/helpers.py), a process's RSS and CPU time."""
 
 from __future__ import annotations
 
-import socket
+import os
 import subprocess
-import time
+import sys
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from helpers import free_port  # noqa: E402,F401  (re-exported for the benchmarks)
+from helpers import wait_healthy as _wait_healthy  # noqa: E402
 
 
 def rss_mib(pid: int) -> float:
@@ -22,19 +21,17 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300.0, log: Path | None = None) -> None:
-    """Poll ``url/health`` until 200; raise (with the end of ``log``) if ``proc`` exits first."""
-    import httpx
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) ``pid`` has used so far: what its work cost, whatever else runs."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text()[-2000:] if log is not None and log.exists() else ""
-            raise RuntimeError(f"server exited with {proc.returncode}: {tail}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} did not become healthy within {timeout:.0f} s")
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300.0, log: Path | None = None) -> None:
+    """tests/helpers.py's ``wait_healthy``; a server writing to ``log`` instead of a pipe has
+    the end of that log in the error if it exits first."""
+    try:
+        _wait_healthy(url, proc, timeout)
+    except RuntimeError as exc:
+        tail = log.read_text()[-2000:] if log is not None and log.exists() else ""
+        raise RuntimeError(f"{exc}{tail}") from None

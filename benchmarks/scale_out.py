@@ -29,20 +29,12 @@ import time
 
 import httpx
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from helpers import free_port, wait_healthy  # noqa: E402
+from procs import cpu_seconds, free_port, wait_healthy
 
 ADMIN = "bench-admin-key-" + "x" * 32
 BODY = {"model": "m", "messages": [{"role": "system", "content": "You are a helpful assistant."},
                                    {"role": "user", "content": "What is the capital of France? Answer briefly."}],
         "max_tokens": 16}
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) the process has used so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_server(model: str, extra: list[str]) -> tuple[str, subprocess.Popen]:
