@@ -374,6 +374,12 @@ class RolloutRunner:
                 if not pending:
                     return
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                # Read every finished task's outcome before yielding or raising: two groups
+                # failing in one wait would otherwise leave one exception never retrieved
+                # (asyncio logs it with a second traceback).
+                failures = [exc for t in done if not t.cancelled() and (exc := t.exception()) is not None]
+                if failures:
+                    raise failures[0]
                 for t in done:
                     yield t.result()
         finally:
