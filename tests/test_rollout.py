@@ -247,7 +247,6 @@ async def test_episode_order_with_and_without_a_collector(make_app, tokenizer):
     """Without a collector the runner ends the session, then rewards it (admin key) and exports it;
     with one (cluster/collector.py) the export is taken the moment the session ends, so rewards come
     first. Both: the same rewards and typed samples, and an episode without an LLM call fails clearly."""
-    pytest.importorskip("aiohttp")  # the cluster extra (the collector itself needs only httpx)
     from rlgate.cluster.collector import Collector
     from rlgate.cluster.directory import ReplicaTable, StaticDirectory
 

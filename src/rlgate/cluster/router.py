@@ -27,8 +27,9 @@ shape with code ``replica_unavailable``; if the replica dies in the middle of a 
 error event in the stream's format ends it.
 
 Data plane: plain HTTP/1.1 from the router to each replica's own port, over a pool of
-keep-alive connections (``aiohttp``: C-accelerated parsing, so a forwarded request costs
-the router little). Ray only places and restarts the replicas and carries control calls
+keep-alive connections (``cluster/upstream.py``: one write per request, responses parsed
+by ``httptools`` in C); a whole response goes back to the client in one piece with its
+``Content-Length``, a stream chunk by chunk as it arrives. Ray only places and restarts the replicas and carries control calls
 (info, weight updates); see docs/architecture.md for why and for the measurements.
 """
 
@@ -366,6 +367,19 @@ class Router:
             raise Unavailable(
                 f"gateway replica {r.index}, which holds this session, is unavailable ({exc}); sessions that were "
                 "live on it are lost, new sessions go to the other replicas", code="replica_unavailable") from exc
+        if not resp.is_sse and scope["method"] != "HEAD" and any(k == b"content-length" for k, _ in resp.headers):
+            # a whole response (every non-streamed reply): read it, send it in one piece
+            try:
+                data = await resp.read()
+            except UpstreamUnavailable as exc:
+                self.table.mark_down(r, str(exc))
+                raise Unavailable(
+                    f"gateway replica {r.index} went away during the response ({exc})",
+                    code="replica_unavailable") from exc
+            finally:
+                resp.release()
+            await _send_raw(send, resp.status, resp.headers, data)
+            return
         started = False
         try:
             await send({"type": "http.response.start", "status": resp.status,
