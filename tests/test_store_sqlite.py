@@ -402,6 +402,65 @@ async def test_the_barrier_waits_for_the_writes_it_is_given(tmp_path):
         await a.wait_durable([late])
 
 
+
+async def test_a_turn_completed_before_its_commit_is_written_as_one_row(tmp_path):
+    """An interaction inserted and completed in the same event-loop iteration (a non-streamed
+    reply from a fast engine) is one INSERT of its final row, not an INSERT and an UPDATE; both
+    sequence numbers are durable together, and fail together if that row cannot be written."""
+    import asyncio
+
+    from rlgate.chat.conversation import Message, TextPart
+    from rlgate.trajectory.interaction import Interaction, Session
+
+    async def open_with_session(path):
+        store = SQLiteStore(path)
+        await store.wait_durable([store.save_session(Session(id="s-0", task_id="s", key_hash="0" * 64))])
+        return store
+
+    def turn(store, iid: str, finish: str) -> tuple[Interaction, list[int]]:
+        i = Interaction(id=iid, session_id="s-0", api="chat", messages=[Message("user", [TextPart("hi")])],
+                        tools=[], prompt_ids=[1, 2, 3])
+        seqs = [store.save_interaction(i)]  # pending
+        i.output_ids, i.output_logprobs, i.output_versions = [7, 8], [-0.5, -0.25], [3, 3]
+        i.finish_reason, i.stop_kind, i.status, i.completed_at = finish, "stop_token", "completed", 1.0
+        i.output_message = Message("assistant", [TextPart("ok")])
+        seqs.append(store.save_interaction(i))  # completed, still in the same iteration
+        return i, seqs
+
+    path = tmp_path / "fold.sqlite"
+    store = await open_with_session(path)
+    statements: list[str] = []
+    store._commits.conn.set_trace_callback(statements.append)
+    done, seqs = turn(store, "chatcmpl-1", "stop")
+    await asyncio.wait_for(store.wait_durable(seqs), 30)
+    assert [s.split(" ")[0] for s in statements if s.startswith(("INSERT", "UPDATE"))] == ["INSERT"]
+    done.reward = 1.0  # a change after the commit is an UPDATE again
+    statements.clear()
+    await asyncio.wait_for(store.wait_durable([store.save_interaction(done)]), 30)
+    assert [s.split(" ")[0] for s in statements if s.startswith(("INSERT", "UPDATE"))] == ["UPDATE"]
+    store.close()
+    (s,) = SQLiteStore(path).load()
+    (i,) = s.interactions.values()
+    assert persisted(i) == persisted(done)
+
+    path = tmp_path / "poison.sqlite"
+    SQLiteStore(path).close()
+    db = sqlite3.connect(path)
+    db.execute("CREATE TRIGGER poison BEFORE INSERT ON interactions WHEN NEW.finish_reason = 'poison' "
+               "BEGIN SELECT RAISE(ABORT, 'disk says no'); END")
+    db.commit()
+    db.close()
+    store = await open_with_session(path)
+    _, bad = turn(store, "chatcmpl-2", "poison")  # the folded row fails: so do both of its changes
+    for seq in bad:
+        with pytest.raises(StoreError, match="disk says no"):
+            await asyncio.wait_for(store.wait_durable([seq]), 30)
+    good, seqs = turn(store, "chatcmpl-3", "stop")  # and the store goes on
+    await asyncio.wait_for(store.wait_durable(seqs), 30)
+    store.close()
+    (s,) = SQLiteStore(path).load()
+    assert [persisted(i) for i in s.interactions.values()] == [persisted(good)]
+
 def test_cli_store_options(tiny_model_dir, tmp_path, monkeypatch):
     import argparse
 

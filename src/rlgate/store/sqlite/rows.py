@@ -44,6 +44,7 @@ __all__ = ["RowCodec", "Statement"]
 log = logging.getLogger("rlgate.store")
 
 Statement = tuple[str, tuple[Any, ...]]  # SQL and its parameters
+_N_STATIC = len(STATIC_COLS)
 
 
 def _common_prefix_len(a: list[Message], b: list[Message]) -> int:
@@ -80,6 +81,16 @@ class RowCodec:
         self._track(i)
         self._inserted.add(i.id)
         return INSERT_INTERACTION, row
+
+    def is_inserted(self, interaction_id: str) -> bool:
+        """Was an insert of this interaction submitted (its next save is an update)?"""
+        return interaction_id in self._inserted
+
+    def refresh_insert(self, insert: Statement, i: Interaction) -> Statement:
+        """``insert`` (this interaction's insert, not yet written) with ``i``'s current values."""
+        sql, params = insert
+        assert sql == INSERT_INTERACTION and params[0] == i.id
+        return sql, (*params[:_N_STATIC], *self._dynamic(i))
 
     def forget_failed(self, ops: list[Statement]) -> None:
         """A change was not written: an interaction whose insert failed is no base for delta

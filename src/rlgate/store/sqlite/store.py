@@ -84,7 +84,13 @@ class SQLiteStore:
                                       (key, to_json(value)))])
 
     def save_interaction(self, interaction: Interaction) -> int:
-        return self._commits.submit([self._rows.interaction(interaction)])
+        if self._rows.is_inserted(interaction.id):
+            # an insert still waiting for its commit takes the final values (one row write)
+            seq = self._commits.amend(interaction.id, lambda ops: [self._rows.refresh_insert(ops[0], interaction)])
+            if seq is not None:
+                return seq
+            return self._commits.submit([self._rows.interaction(interaction)])
+        return self._commits.submit([self._rows.interaction(interaction)], key=interaction.id)
 
     def delete_session(self, session_id: str) -> int:
         return self._commits.submit(self._rows.delete_session(session_id))
