@@ -32,6 +32,7 @@ from rlgate.engine.base import (
 from rlgate.engine.options import EngineOptions
 
 _FILLER = " the quick brown fox jumps over the lazy dog and runs away"
+KEEP_REQUESTS = 10_000  # FakeEngine.requests keeps at most this many (oldest dropped in halves)
 
 
 @dataclass
@@ -67,7 +68,10 @@ class FakeEngine(StreamingEngineMixin):
         self.token_delay = token_delay  # seconds between streamed tokens (0: instant)
         self.prefill_delay = prefill_delay  # seconds before the first token (a long prompt's prefill)
         self.fail_with = fail_with  # raise this from every request (error-path tests)
+        # the requests received, for tests to inspect: the last KEEP_REQUESTS at most (a
+        # long-running `rlgate serve --engine fake` must not grow without bound)
         self.requests: list[GenerateRequest] = []
+        self.served = 0  # requests received, all of them
         self.aborted = 0  # streams closed before they finished
         self._version = 0
         self._running = asyncio.Event()  # cleared while generation is paused (weight updates)
@@ -118,6 +122,9 @@ class FakeEngine(StreamingEngineMixin):
 
     async def stream(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         self.requests.append(request)
+        self.served += 1
+        if len(self.requests) > KEEP_REQUESTS:
+            del self.requests[: KEEP_REQUESTS // 2]
         if self.fail_with is not None:
             raise self.fail_with
         if not request.input_ids:
