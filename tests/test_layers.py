@@ -18,6 +18,7 @@ SRC = Path(rlgate.__file__).parent
 RANKS: dict[str, int] = {
     "errors": 0,
     "config": 0,
+    "json_text": 0,
     "model": 1,
     "engine": 1,
     "chat": 2,

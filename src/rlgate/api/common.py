@@ -11,9 +11,11 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from rlgate.chat.conversation import ToolSpec
 from rlgate.errors import InvalidRequest
+from rlgate.json_text import dumps
 
 log = logging.getLogger("rlgate.api")
 
@@ -158,10 +160,17 @@ def tool_spec(name: str, description: str | None, schema: Any, param: str) -> To
     return ToolSpec(name=name, description=description, parameters=check_tool_schema(name, schema, param))
 
 
+class JsonResponse(JSONResponse):
+    """A JSON response encoded by :mod:`rlgate.json_text` (every JSON response of the app)."""
+
+    def render(self, content: Any) -> bytes:
+        return dumps(content)
+
+
 def sse(data: Any, event: str | None = None) -> bytes:
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n".encode()
+    payload = dumps(data)
+    head = b"event: " + event.encode() + b"\n" if event else b""
+    return head + b"data: " + payload + b"\n\n"
 
 
 MAX_REPORTED_PARAMS = 32  # names in the header / log line; the rest is counted

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rlgate.api.common import JsonResponse
 from rlgate.core.request_scope import undo_changes
 from rlgate.errors import GatewayError, InternalError, InvalidRequest, Unavailable, error_body, from_status, surface_of
 from rlgate.store.base import StoreError
@@ -17,8 +17,8 @@ from rlgate.store.base import StoreError
 log = logging.getLogger("rlgate.server")
 
 
-def _error_response(request: Request, exc: GatewayError, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(exc, surface_of(request.url.path)), status_code=exc.status,
+def _error_response(request: Request, exc: GatewayError, headers: Mapping[str, str] | None = None) -> JsonResponse:
+    return JsonResponse(error_body(exc, surface_of(request.url.path)), status_code=exc.status,
                         headers={**exc.headers, **(headers or {})})
 
 
@@ -29,11 +29,11 @@ def _is_api_route(path: str) -> bool:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
-    async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+    async def gateway_error(request: Request, exc: GatewayError) -> JsonResponse:
         return _error_response(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, exc: RequestValidationError) -> JsonResponse:
         errs = exc.errors()
         first = errs[0] if errs else {"msg": "invalid request", "loc": ()}
         loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
@@ -43,17 +43,17 @@ def install_error_handlers(app: FastAPI) -> None:
         return _error_response(request, InvalidRequest(msg, param=loc or None, status=status))
 
     @app.exception_handler(StoreError)
-    async def store_error(request: Request, exc: StoreError) -> JSONResponse:
+    async def store_error(request: Request, exc: StoreError) -> JsonResponse:
         undone = undo_changes()  # a write refused at submission: nothing of the request stays in memory
         log.error("store error on %s %s: %s (%d in-memory changes undone)", request.method, request.url.path, exc,
                   undone)
         return _error_response(request, Unavailable(str(exc), code="store_unavailable"))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JsonResponse:
         return _error_response(request, from_status(exc.status_code, str(exc.detail)), headers=exc.headers)
 
     @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+    async def unexpected(request: Request, exc: Exception) -> JsonResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return _error_response(request, InternalError())

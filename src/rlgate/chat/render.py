@@ -47,6 +47,8 @@ from array import array
 from collections import OrderedDict
 from typing import Any
 
+import orjson
+
 from rlgate.chat.conversation import ImagePart, Message, TextPart, ToolSpec, canonical_json
 from rlgate.chat.families.base import REASONING_TAIL, BridgeError, ParentTurn, TemplateError
 from rlgate.chat.prompt_bounds import (
@@ -263,5 +265,9 @@ def _prompt_key(messages: list[Message], tools: list[ToolSpec] | None, template_
     """A digest of exactly what the template receives (nothing canonicalised away)."""
     payload = [[message_to_template(m) for m in messages], [t.to_openai() for t in tools or []],
                template_kwargs or {}]
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=repr)
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    try:
+        data = orjson.dumps(payload, default=repr)
+    except TypeError:  # lone surrogates and anything else orjson refuses
+        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=repr).encode("utf-8",
+                                                                                                "surrogatepass")
+    return hashlib.blake2b(data, digest_size=16).digest()

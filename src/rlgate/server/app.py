@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from starlette.routing import BaseRoute, Route
 
 from rlgate.api.anthropic import router as anthropic
+from rlgate.api.common import JsonResponse
 from rlgate.api.control import router as control
 from rlgate.api.error_handlers import install_error_handlers
 from rlgate.api.openai_chat import router as chat
@@ -69,6 +70,22 @@ def add_routes(app: FastAPI, router: APIRouter, *, plain: bool = False) -> None:
     OpenAPI document still describes it (from ``PlainRoute.api_route``).
     """
     app.router.routes.extend(_plain(r) if plain else r for r in router.routes)
+
+
+def hot_routes_first(app: FastAPI) -> None:
+    """The generation routes first in the list Starlette matches a request against, one route
+    after the other (FastAPI puts its docs routes first): a chat completion then matches at the
+    first or second route instead of the fifth or sixth (issue 14's profile: route matching was
+    ~6% of a request's CPU). Their paths are static and no other route has them, so the order
+    changes which route is tried first, never which one matches."""
+    routes = app.router.routes
+    hot = [r for r in routes if isinstance(r, PlainRoute)]
+    paths = [r.path for r in hot]
+    shadowing = [r for r in routes if not isinstance(r, PlainRoute) and getattr(r, "path", None) in paths
+                 or "{" in getattr(r, "path", "")]
+    if shadowing:  # a route that could answer the same path: keep the order as declared
+        return
+    routes[:] = hot + [r for r in routes if not isinstance(r, PlainRoute)]
 
 
 def _plain(route: BaseRoute) -> BaseRoute:
@@ -154,7 +171,7 @@ def create_app(
 
     app = FastAPI(title="rlgate", version="0.1.0", lifespan=lifespan,
                   description="RL gateway: OpenAI / Anthropic APIs served token-in/token-out by the training policy.",
-                  **_NO_NATIVE_TELEMETRY)
+                  default_response_class=JsonResponse, **_NO_NATIVE_TELEMETRY)
     app.state.gateway = gateway
     install_error_handlers(app)
 
@@ -170,6 +187,7 @@ def create_app(
 
         app.state.ui_logins = UiLogins(config.ui_login_ttl)
         add_routes(app, ui_router)
+    hot_routes_first(app)
 
     # Outermost last: RequestMetrics(InFlight(CORS(AuthGate(BodyLimit(Durability(routes)))))). The gate
     # refuses unauthenticated bodies before BodyLimit reads them; CORS headers reach every answer; the

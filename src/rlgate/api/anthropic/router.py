@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from rlgate.api.anthropic import serving
 from rlgate.api.anthropic.protocol import CountTokensRequest, MessageCreateRequest
 from rlgate.api.auth import session_from_request
-from rlgate.api.common import parse_model, read_json, report_ignored
+from rlgate.api.common import JsonResponse, parse_model, read_json, report_ignored
 from rlgate.api.openapi import body_schema
 
 router = APIRouter()
@@ -31,7 +31,7 @@ async def create_message(request: Request):
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache"},
         )
-    return JSONResponse(await serving.complete(gw.generation, prepared, model), headers=headers)
+    return JsonResponse(await serving.complete(gw.generation, prepared, model), headers=headers)
 
 
 @router.post("/v1/messages/count_tokens", openapi_extra=body_schema(CountTokensRequest), tags=["anthropic"])
@@ -44,4 +44,4 @@ async def count_tokens(request: Request):
     headers = report_ignored("messages.count_tokens", serving.ignored_params(body))
     gw.sessions.require_active(session)  # an ended or interrupted key counts nothing (409 / 410)
     built = await gw.generation.build_prompt(session, chat)  # side-effect free: nothing is registered
-    return JSONResponse({"input_tokens": len(built.prompt_ids)}, headers=headers)
+    return JsonResponse({"input_tokens": len(built.prompt_ids)}, headers=headers)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from rlgate.api.auth import session_from_request
-from rlgate.api.common import parse_model, read_json, report_ignored
+from rlgate.api.common import JsonResponse, parse_model, read_json, report_ignored
 from rlgate.api.openai_chat import serving
 from rlgate.api.openai_chat.protocol import ChatCompletionRequest
 from rlgate.api.openapi import body_schema
@@ -32,4 +32,4 @@ async def chat_completions(request: Request):
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache"},
         )
-    return JSONResponse(await serving.complete(gw.generation, prepared, model), headers=headers)
+    return JsonResponse(await serving.complete(gw.generation, prepared, model), headers=headers)

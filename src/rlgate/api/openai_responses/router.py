@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from rlgate.api.auth import session_from_request
-from rlgate.api.common import parse_model, read_json, report_ignored
+from rlgate.api.common import JsonResponse, parse_model, read_json, report_ignored
 from rlgate.api.openai_responses import convert, objects, serving
 from rlgate.api.openai_responses.protocol import ResponseCreateRequest
 from rlgate.api.openai_responses.tools import response_tools
@@ -41,4 +41,4 @@ async def create_response(request: Request):
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache"},
         )
-    return JSONResponse(await serving.complete(gw.generation, prepared, ctx), headers=headers)
+    return JsonResponse(await serving.complete(gw.generation, prepared, ctx), headers=headers)

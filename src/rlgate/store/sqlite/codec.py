@@ -3,18 +3,19 @@
 * token ids and weight versions: int32 little-endian bytes; logprobs: float64
   little-endian bytes (bit-exact round trip). 4 bytes per token instead of ~6 in JSON,
   and ~20x faster to encode than ``json.dumps`` (see benchmarks/load.py --measure-encoding).
-* messages, tools, output message: JSON (OpenAI chat form, ``message_to_openai``),
-  ASCII-escaped so any string round-trips.
+* messages, tools, output message, sampling, metadata: JSON (OpenAI chat form,
+  ``message_to_openai``) by :mod:`rlgate.json_text`: UTF-8, and ASCII-escaped where it
+  must be so that any string round-trips (lone surrogates).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from array import array
 from typing import Any
 
 from rlgate.chat.conversation import Message, ToolSpec, message_to_openai
+from rlgate.json_text import dumps_text
 from rlgate.store.base import StoreError
 
 __all__ = [
@@ -63,8 +64,8 @@ def decode_floats(b: bytes) -> list[float]:
 
 
 def to_json(obj: Any) -> str:
-    # ASCII-escaped: lone surrogates and any other odd string survive the round trip
-    return json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=True)
+    # a value with a lone surrogate (or any other odd string) is ASCII-escaped: it survives the round trip
+    return dumps_text(obj, ascii_fallback=True)
 
 
 def messages_json(msgs: list[Message]) -> str:
