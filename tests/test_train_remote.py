@@ -73,10 +73,30 @@ def test_a_request_no_node_can_hold_fails_at_once():
         check_feasible(TrainerSettings(resources={"sandbox": 1}), nodes)
 
 
+def test_a_gateway_on_every_interface_is_advertised_at_the_nodes_ip():
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from rlgate.server.runner import ServerThread
+    from rlgate.train.gateway import advertised_url
+
+    assert advertised_url("http://127.0.0.1:8000", "127.0.0.1") == "http://127.0.0.1:8000"
+    app = Starlette(routes=[Route("/health", lambda r: PlainTextResponse("ok"))])
+    with ServerThread(app, host="0.0.0.0") as bound:
+        assert bound.startswith("http://0.0.0.0:")
+        url = advertised_url(bound, "0.0.0.0")
+        assert not url.startswith("http://0.0.0.0:") and url.endswith(":" + bound.rsplit(":", 1)[1])
+        assert httpx.get(url + "/health").text == "ok"  # what an episode on another node would use
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # a local Ray cluster, torch and the tiny model in a Ray worker: minutes on a busy machine
 def test_rlgate_train_runs_the_trainer_as_a_ray_actor(work):
-    proc = _popen(work, _remote(steps=2))
+    # the gateway on every interface, as on a multi-node cluster: the episodes (Ray tasks) are
+    # given the node's IP, not 0.0.0.0, and reach it
+    proc = _popen(work, _remote(steps=2, gateway={"host": "0.0.0.0"}))
     out, err = proc.communicate(timeout=3000)
     assert proc.returncode == 0, out + err
     trainer = json.loads((work / "run" / "trainer.json").read_text())

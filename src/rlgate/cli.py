@@ -321,7 +321,8 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set grpo.lr=1e-5 (repeatable)")
     p.add_argument("--port", type=int, default=None,
-                   help="port of the in-process gateway on 127.0.0.1 (default: gateway.port, else a free one)")
+                   help="port of the in-process gateway, or of the router with ray.replicas "
+                        "(default: gateway.port, else a free one)")
 
 
 # --------------------------------------------------------------------------- view

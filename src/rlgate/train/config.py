@@ -97,8 +97,11 @@ class GatewaySettings(_Strict):
     sync_dir: str | None = Field(default=None, description="remote: a directory the gateway can read "
                                  "(default out_dir/sync)")
     sync_keep: int = Field(default=2, ge=1, description="remote: weight pushes kept in sync_dir")
-    port: int | None = Field(default=None, ge=0, le=65535, description="in-process gateway's port on 127.0.0.1 "
-                             "(None or 0: a free one)")
+    port: int | None = Field(default=None, ge=0, le=65535, description="in-process gateway's port (None or 0: "
+                             "a free one); with ray.replicas, the router's")
+    host: str = Field(default="127.0.0.1", description="interface the in-process gateway (with ray.replicas: "
+                      "the router) binds; 0.0.0.0 when episodes run on other nodes (rollout mode ray on a "
+                      "multi-node cluster): they get this node's IP")
     tool_parser: str | None = Field(default="hermes", description="in-process: tool-call parser (None: off)")
     reasoning_parser: str | None = Field(default=None, description="in-process: reasoning parser, e.g. 'think'")
     trajectory_mode: Literal["token_exact", "rerender"] = Field(default="token_exact", description="in-process")

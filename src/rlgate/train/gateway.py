@@ -1,8 +1,9 @@
 """The gateway a run talks to: started in this process, a running one named by ``gateway.url``,
 or ``ray.replicas`` replicas on Ray behind a router in this process.
 
-In-process: a :class:`~rlgate.engine.local.LocalEngine` behind the app on 127.0.0.1
-(``gateway.port``, default a free one), ``granted`` capacity, an in-memory store, a
+In-process: a :class:`~rlgate.engine.local.LocalEngine` behind the app on
+``gateway.host`` (127.0.0.1; 0.0.0.0 when episodes run on other nodes, which then get this
+node's IP) and ``gateway.port`` (default a free one), ``granted`` capacity, an in-memory store, a
 random admin key, and :class:`~rlgate.train.sync.ColocatedSync`. Remote: the URL is
 checked (reachable, an rlgate gateway, the admin key accepted) before anything else
 happens, and weights go through :class:`~rlgate.train.sync.RemoteSync`. Replicas
@@ -76,13 +77,42 @@ def _json(r: httpx.Response) -> Any:
         return {}
 
 
-def check_port_free(port: int) -> None:
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
     with socket.socket() as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError as exc:
-            raise RunError(f"gateway.port: 127.0.0.1:{port} is not available ({exc.strerror}); "
+            raise RunError(f"gateway.port: {host}:{port} is not available ({exc.strerror}); "
                            "choose another --port, or leave it unset for a free one") from None
+
+
+_ANY = ("0.0.0.0", "::", "")
+
+
+def advertised_url(url: str, host: str) -> str:
+    """The URL episodes and the trainer use for a server bound to ``host``: as bound, or, bound
+    to every interface, at this node's IP (Ray's idea of it when Ray runs, so that episodes on
+    other nodes of the cluster reach it)."""
+    if host not in _ANY:
+        return url
+    port = url.rsplit(":", 1)[1]
+    return f"http://{node_ip()}:{port}"
+
+
+def node_ip() -> str:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return str(ray.util.get_node_ip_address())
+    except ImportError:
+        pass
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:  # the interface a route out leaves from (connect on UDP sends nothing)
+            s.connect(("10.255.255.255", 1))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
 
 
 def check_ray() -> None:
@@ -128,7 +158,7 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) -> 
     from rlgate.store.base import MemoryStore
 
     if cfg.gateway.port:
-        check_port_free(cfg.gateway.port)
+        check_port_free(cfg.gateway.port, cfg.gateway.host)
     admin_key = secrets.token_urlsafe(32)
     try:
         tokenizer = load_tokenizer(tokenizer_dir)
@@ -144,9 +174,9 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) -> 
                       context_length=cfg.gateway.context_length, max_tokens_cap=cfg.gateway.max_tokens_cap,
                       model_name=tokenizer_dir.resolve().name),
         engine, MemoryStore(), tokenizer, stop_token_ids=stop_token_ids(tokenizer, tokenizer_dir))
-    server = ServerThread(app, port=cfg.gateway.port or 0)
+    server = ServerThread(app, host=cfg.gateway.host, port=cfg.gateway.port or 0)
     try:
-        url = server.start()
+        url = advertised_url(server.start(), cfg.gateway.host)
     except RuntimeError as exc:
         raise RunError(f"gateway: the in-process gateway did not start ({exc})") from None
     return OpenGateway(GatewayClient(url, admin_key), ColocatedSync(engine), server, tokenizer,
@@ -154,7 +184,7 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) -> 
 
 
 async def _start_replicas(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) -> tuple[Any, GatewayClient]:
-    """``ray.replicas`` gateway replicas (local engines serving ``weights``) and a router on 127.0.0.1."""
+    """``ray.replicas`` gateway replicas (local engines serving ``weights``) and a router on ``gateway.host``."""
     from rlgate.cluster.engines import LocalEngineSpec
     from rlgate.cluster.launch import Cluster
     from rlgate.cluster.replica import ReplicaSpec
@@ -178,7 +208,7 @@ async def _start_replicas(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) 
                                           replica_host=cfg.ray.replica_host))
     try:
         await asyncio.to_thread(cluster.start)
-        url = cluster.start_router()
+        url = advertised_url(cluster.start_router(cfg.gateway.host, cfg.gateway.port or 0), cfg.gateway.host)
     except Exception as exc:  # noqa: BLE001 - one message naming the section
         await asyncio.to_thread(cluster.stop)
         raise RunError(f"ray.replicas: the {cfg.ray.replicas} gateway replicas did not start "
