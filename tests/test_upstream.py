@@ -266,3 +266,61 @@ async def test_in_flight_requests_are_capped():
         assert [c[0] for c in await asyncio.gather(*calls)] == [200] * 5
         assert server.connections == 2
         await up.close()
+
+
+async def test_the_router_sends_small_responses_whole_and_streams_large_ones():
+    """A non-streamed reply goes back in one piece with its Content-Length; one over
+    WHOLE_RESPONSE_BYTES (an export) streams through, so the router never holds it whole; a
+    replica dying in the middle of a small one is a 503 in the API's shape, not a short body."""
+    from rlgate.cluster import router as router_mod
+    from rlgate.cluster.directory import ReplicaInfo
+
+    big = b"[" + b"1," * (router_mod.WHOLE_RESPONSE_BYTES // 2 + 10) + b"1]"
+
+    async def handler(reader, writer, n):
+        while True:
+            req = await server.read_request(reader)
+            if b" /small " in req:
+                writer.write(ok(b'{"ok":true}'))
+            elif b" /big " in req:
+                writer.write(ok(big))
+            else:  # dies after half of its body
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n" + b"x" * 50)
+                await writer.drain()
+                writer.transport.abort()
+                return
+            await writer.drain()
+
+    server = RawServer(handler)
+    async with server as url:
+        r = router_mod.Router.__new__(router_mod.Router)  # only what _forward uses
+        r.upstream, r.forwarded = Upstream(), 0
+
+        class Table:
+            def mark_down(self, replica, reason):
+                replica.state = "down"
+
+        r.table = Table()
+        replica = ReplicaInfo(index=0, url=url, state="healthy")
+
+        async def forward(path: str) -> list[dict]:
+            sent: list[dict] = []
+
+            async def send(m):
+                sent.append(m)
+
+            scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b""}
+            await r._forward(replica, scope, [], b"", send)
+            return sent
+
+        small = await forward("/small")
+        assert [m["type"] for m in small] == ["http.response.start", "http.response.body"]
+        assert (b"content-length", b"11") in small[0]["headers"] and small[1]["body"] == b'{"ok":true}'
+        large = await forward("/big")
+        bodies = [m["body"] for m in large if m["type"] == "http.response.body"]
+        assert len(bodies) > 2 and b"".join(bodies) == big  # in pieces, as they arrived
+        assert not any(k == b"content-length" for k, _ in large[0]["headers"])  # uvicorn frames it
+        with pytest.raises(router_mod.Unavailable, match="went away during the response"):
+            await forward("/dies")
+        assert replica.state == "down"
+        await r.upstream.close()

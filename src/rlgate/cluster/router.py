@@ -73,6 +73,7 @@ WeightUpdater = Callable[[str], Awaitable[int]]
 
 _HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
                b"proxy-authorization", b"proxy-connection", b"content-length", b"host"}
+WHOLE_RESPONSE_BYTES = 1024 * 1024  # responses up to this size go back in one piece; larger ones stream
 _ADMIN_SESSION_ROUTES = {"/export_trajectories", "/rl/set_reward"}
 _ADMIN_ONLY = {"/rl/start_session", "/grant_capacity", "/export_trajectories", "/rl/update_weights", "/rl/metrics",
                "/rl/collect"}
@@ -367,8 +368,11 @@ class Router:
             raise Unavailable(
                 f"gateway replica {r.index}, which holds this session, is unavailable ({exc}); sessions that were "
                 "live on it are lost, new sessions go to the other replicas", code="replica_unavailable") from exc
-        if not resp.is_sse and scope["method"] != "HEAD" and any(k == b"content-length" for k, _ in resp.headers):
-            # a whole response (every non-streamed reply): read it, send it in one piece
+        length = next((v for k, v in resp.headers if k == b"content-length"), None)
+        if (not resp.is_sse and scope["method"] != "HEAD" and length is not None and length.isdigit()
+                and int(length) <= WHOLE_RESPONSE_BYTES):
+            # a small whole response (every non-streamed reply): read it, send it in one piece;
+            # a large one (an export) streams through, so the router never holds it
             try:
                 data = await resp.read()
             except UpstreamUnavailable as exc:
