@@ -327,3 +327,31 @@ def test_groups_failing_together_leave_no_exception_unretrieved(make_app, tokeni
         assert asyncio.run(scenario(url))  # its own loop: every task is gone once it returns
     gc.collect()  # an unread task exception is logged when its task is collected
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+async def test_the_failure_streak_is_reported_as_it_reached_the_limit(make_app, tokenizer):
+    """Episodes failing together: the run stops with "N episodes failed in a row" for N the limit,
+    decided at the failure that reached it, whatever failed while that one was being discarded
+    (CI saw "5 episodes failed in a row (... = 4)")."""
+    from rlgate.rollout.errors import TooManyFailures
+
+    started: list[asyncio.Event] = []
+    gate = asyncio.Event()
+
+    class FailTogether:
+        async def run(self, data, *, base_url, api_key, http_client=None):
+            started.append(asyncio.Event())
+            await gate.wait()
+            raise RuntimeError("the tool server is down")
+
+    with ServerThread(make_app(FakeEngine(tokenizer))) as url:
+        async with GatewayClient(url, ADMIN_KEY) as client:
+            await client.grant_capacity(16)
+            runner = RolloutRunner(client, FailTogether(), group_size=6, concurrency=6, max_consecutive_failures=2)
+            task = asyncio.ensure_future(runner.group("g", {}))
+            await eventually(lambda: len(started) == 6)
+            gate.set()  # all six fail in the same iteration, before any of them is discarded
+            with pytest.raises(TooManyFailures) as err:
+                await task
+    assert str(err.value).startswith("2 episodes failed in a row (rollout.max_consecutive_failures = 2)")
+    assert runner.counters.failed >= 2

@@ -181,6 +181,7 @@ class RolloutRunner:
         self.reward_fn = reward_fn
         self.reward_range = reward_range
         self.max_consecutive_failures = max_consecutive_failures
+        self._stop: TooManyFailures | None = None  # set by the failure that made the streak too long
         self.collector = collector
         self.counters = RolloutCounters()
         self._sem = asyncio.Semaphore(concurrency)
@@ -296,6 +297,7 @@ class RolloutRunner:
                 ep.ok = True
                 self.counters.completed += 1
                 self.counters.consecutive_failures = 0
+                self._stop = None  # the streak is broken
             except RunError:  # a bug to report, not an episode to lose
                 await self._discard(session, ep)
                 raise
@@ -304,11 +306,8 @@ class RolloutRunner:
                 await self._discard(session, ep)
             finally:
                 ep.seconds = time.perf_counter() - t0
-        if self.max_consecutive_failures and self.counters.consecutive_failures >= self.max_consecutive_failures:
-            raise TooManyFailures(
-                f"{self.counters.consecutive_failures} episodes failed in a row "
-                f"(rollout.max_consecutive_failures = {self.max_consecutive_failures}); "
-                f"the first failure of this run: {self.counters.first_failure}")
+        if self._stop is not None:
+            raise self._stop
         return ep
 
     def _failed(self, ep: Episode, exc: BaseException) -> None:
@@ -331,6 +330,13 @@ class RolloutRunner:
                       "not printed)", where, ep.error, details or "")
         else:
             log.debug("%s failed: %s", where, ep.error)
+        limit = self.max_consecutive_failures
+        if limit and self.counters.consecutive_failures == limit and self._stop is None:
+            # decided here, at the failure that reaches the limit: episodes failing while this one
+            # is being discarded do not change what the run reports
+            self._stop = TooManyFailures(
+                f"{limit} episodes failed in a row (rollout.max_consecutive_failures = {limit}); "
+                f"the first failure of this run: {self.counters.first_failure}")
 
     async def _discard(self, session: Any, ep: Episode) -> None:
         """End and drop a failed episode's session, so its key is retired and memory freed."""
