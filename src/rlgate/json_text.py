@@ -36,7 +36,4 @@ def dumps(obj: Any, *, ascii_fallback: bool = False, default: Callable[[Any], An
 
 def dumps_text(obj: Any, *, ascii_fallback: bool = False) -> str:
     """:func:`dumps` as a ``str``."""
-    try:
-        return orjson.dumps(obj).decode("utf-8")
-    except TypeError:
-        return json.dumps(obj, ensure_ascii=ascii_fallback, separators=(",", ":"))
+    return dumps(obj, ascii_fallback=ascii_fallback).decode("utf-8")

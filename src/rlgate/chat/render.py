@@ -41,13 +41,10 @@ the template kwargs a client must not set (``chat_template``...).
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 from array import array
 from collections import OrderedDict
 from typing import Any
-
-import orjson
 
 from rlgate.chat.conversation import ImagePart, Message, TextPart, ToolSpec, canonical_json
 from rlgate.chat.families.base import REASONING_TAIL, BridgeError, ParentTurn, TemplateError
@@ -60,6 +57,7 @@ from rlgate.chat.prompt_bounds import (
 )
 from rlgate.chat.render_cache import RenderCache
 from rlgate.chat.token_text import decode
+from rlgate.json_text import dumps
 
 __all__ = ["BridgeError", "ChatRenderer", "PromptTooLong", "TemplateError", "message_to_template",
            "max_token_chars", "reserved_template_kwargs"]
@@ -265,9 +263,5 @@ def _prompt_key(messages: list[Message], tools: list[ToolSpec] | None, template_
     """A digest of exactly what the template receives (nothing canonicalised away)."""
     payload = [[message_to_template(m) for m in messages], [t.to_openai() for t in tools or []],
                template_kwargs or {}]
-    try:
-        data = orjson.dumps(payload, default=repr)
-    except TypeError:  # lone surrogates and anything else orjson refuses
-        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=repr).encode("utf-8",
-                                                                                                "surrogatepass")
-    return hashlib.blake2b(data, digest_size=16).digest()
+    # ASCII-escaped where orjson refuses (lone surrogates): still one text per payload
+    return hashlib.blake2b(dumps(payload, ascii_fallback=True, default=repr), digest_size=16).digest()

@@ -28,9 +28,10 @@ error event in the stream's format ends it.
 
 Data plane: plain HTTP/1.1 from the router to each replica's own port, over a pool of
 keep-alive connections (``cluster/upstream.py``: one write per request, responses parsed
-by ``httptools`` in C); a whole response goes back to the client in one piece with its
-``Content-Length``, a stream chunk by chunk as it arrives. Ray only places and restarts the replicas and carries control calls
-(info, weight updates); see docs/architecture.md for why and for the measurements.
+by ``httptools`` in C); a response up to ``WHOLE_RESPONSE_BYTES`` goes back to the client in
+one piece with its ``Content-Length``, a larger one or a stream chunk by chunk as it
+arrives. Ray only places and restarts the replicas and carries control calls (info, weight
+updates); see docs/architecture.md for why and for the measurements.
 """
 
 from __future__ import annotations
@@ -377,9 +378,7 @@ class Router:
                 data = await resp.read()
             except UpstreamUnavailable as exc:
                 self.table.mark_down(r, str(exc))
-                raise Unavailable(
-                    f"gateway replica {r.index} went away during the response ({exc})",
-                    code="replica_unavailable") from exc
+                raise _went_away(r, exc) from exc
             finally:
                 resp.release()
             await _send_raw(send, resp.status, resp.headers, data)
@@ -395,12 +394,15 @@ class Router:
             # the replica went away mid-response: end the stream with an error in its format
             self.table.mark_down(r, str(exc))
             if started and resp.is_sse:
-                err = Unavailable(f"gateway replica {r.index} went away during the response ({exc})",
-                                  code="replica_unavailable")
-                await send({"type": "http.response.body", "body": _sse_error(err, path), "more_body": True})
+                await send({"type": "http.response.body", "body": _sse_error(_went_away(r, exc), path),
+                            "more_body": True})
         finally:
             resp.release()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _went_away(r: ReplicaInfo, exc: Exception) -> Unavailable:
+    return Unavailable(f"gateway replica {r.index} went away during the response ({exc})", code="replica_unavailable")
 
 
 def _sse_error(exc: GatewayError, path: str) -> bytes:

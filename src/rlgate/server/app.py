@@ -75,17 +75,16 @@ def add_routes(app: FastAPI, router: APIRouter, *, plain: bool = False) -> None:
 def hot_routes_first(app: FastAPI) -> None:
     """The generation routes first in the list Starlette matches a request against, one route
     after the other (FastAPI puts its docs routes first): a chat completion then matches at the
-    first or second route instead of the fifth or sixth (issue 14's profile: route matching was
-    ~6% of a request's CPU). Their paths are static and no other route has them, so the order
-    changes which route is tried first, never which one matches."""
+    first or second route instead of the fifth or sixth (each route tried costs ~1.4 µs). Their
+    paths are static and no other route has them, so the order changes which route is tried
+    first, never which one matches."""
     routes = app.router.routes
     hot = [r for r in routes if isinstance(r, PlainRoute)]
-    paths = [r.path for r in hot]
-    shadowing = [r for r in routes if not isinstance(r, PlainRoute) and getattr(r, "path", None) in paths
-                 or "{" in getattr(r, "path", "")]
-    if shadowing:  # a route that could answer the same path: keep the order as declared
-        return
-    routes[:] = hot + [r for r in routes if not isinstance(r, PlainRoute)]
+    rest = [r for r in routes if not isinstance(r, PlainRoute)]
+    paths = {r.path for r in hot}
+    if any(getattr(r, "path", None) in paths or "{" in getattr(r, "path", "") for r in rest):
+        return  # a route that could answer the same path: keep the order as declared
+    routes[:] = hot + rest
 
 
 def _plain(route: BaseRoute) -> BaseRoute:
