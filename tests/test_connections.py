@@ -153,6 +153,20 @@ def test_repeated_log_messages_are_limited():
     assert f.filter(r) and "97 more like this suppressed" in r.getMessage()
 
 
+def test_access_log_and_info_lines_are_never_held_back():
+    """One template, one line per request: the access log, "session %s started", debug traces."""
+    from rlgate.server.logging_filters import RepeatFilter
+
+    f = RepeatFilter(burst=3, window=60.0, clock=lambda: 0.0)
+    access = [logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+                                ("127.0.0.1:5", "GET", f"/health?{k}", "1.1", 200), None) for k in range(50)]
+    debug = [logging.LogRecord("rlgate.core", logging.DEBUG, __file__, 1, "turn %s", (k,), None) for k in range(50)]
+    assert all(f.filter(r) for r in access + debug) and f.suppressed == 0
+    warnings = [logging.LogRecord("rlgate.api", logging.WARNING, __file__, 1, "ignoring %s", (k,), None)
+                for k in range(50)]
+    assert sum(f.filter(r) for r in warnings) == 3  # warnings and errors are still throttled by template
+
+
 def test_query_strings_never_reach_the_access_log():
     from rlgate.server.logging_filters import RedactQueryFilter
 

@@ -1,12 +1,13 @@
 """Log filters installed by ``serve``: a log that never floods, and no query strings.
 
-**Repeats.** 
-With its open-file limit reached the gateway wrote 255,136 "Too many open files" lines in
-a minute (issue 15). :class:`RepeatFilter`, installed on the log handlers by ``serve``,
-lets through at most ``burst`` records with the same origin (logger, level, message
-template) per ``window`` seconds; the first record let through after a suppression says
-how many were dropped. Distinct messages are never held back, and the table of origins is
-bounded.
+**Repeats.** With its open-file limit reached the gateway wrote 255,136 "Too many open
+files" lines in a minute (issue 15). :class:`RepeatFilter`, installed on the log handlers by
+``serve``, lets through at most ``burst`` warnings or errors with the same origin (logger,
+level, message template) per ``window`` seconds; the first record let through after a
+suppression says how many were dropped. Records below WARNING are never held back: the
+access log (one line per request), "session ... started", per-turn debug lines share one
+template each, and throttling them by template dropped all but 10 a minute. The table of
+origins is bounded.
 
 **Query strings.** rlgate reads keys only from headers, but a client may still put one in
 the URL (``?api_key=...``); uvicorn's access log would print it. :class:`RedactQueryFilter`
@@ -40,6 +41,8 @@ class RepeatFilter(logging.Filter):
         self.suppressed = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
         key = (record.name, record.levelno, str(record.msg))
         now = self.clock()
         origin = self._origins.get(key)
