@@ -459,10 +459,46 @@ def d12_fairness(ctx: Ctx) -> dict[str, Any]:
         return {"other session alone s": round(alone, 2), "other session behind a 16-request hog s": round(behind, 2)}
 
 
+def s1_tool_schema_cost(ctx: Ctx) -> dict[str, Any]:
+    """Found after issue 15 (2026-12-02 probe): a tool's JSON schema was checked against the
+    meta-schema in Python on the event loop, ~0.6 ms per property; one small tool list held
+    every request of the gateway. Posts a 20 KB list (``anyOf`` of 5,000 empty schemas) and a
+    3.6 MB one (64 tools x 1,000 properties) on each surface that checks schemas, and measures
+    /health meanwhile."""
+    wide = {"type": "object", "properties": {"a": {"anyOf": [{}] * 5000}}}
+    many = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 20}
+                                             for i in range(1000)}}
+    cases = {
+        "chat 20 KB": ("/v1/chat/completions", {"messages": USER, "max_tokens": 1, "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": wide}}]}),
+        "chat 3.6 MB": ("/v1/chat/completions", {"messages": USER, "max_tokens": 1, "tools": [
+            {"type": "function", "function": {"name": f"f{k}", "parameters": many}} for k in range(64)]}),
+        "responses 20 KB": ("/v1/responses", {"input": "hi", "max_output_tokens": 1, "tools": [
+            {"type": "function", "name": "f", "parameters": wide}]}),
+        "anthropic count_tokens 20 KB": ("/v1/messages/count_tokens", {"messages": USER, "tools": [
+            {"name": "f", "input_schema": wide}]}),
+    }
+    out: dict[str, Any] = {}
+    with serving(ctx) as s, httpx.Client(base_url=s.url, timeout=600) as c:
+        for name, (path, body) in cases.items():
+            _, h = session(c)
+
+            def attack(path: str = path, body: dict[str, Any] = body, h: dict[str, str] = h, name: str = name) -> int:
+                t0 = time.perf_counter()
+                status = c.post(path, json=body, headers=h).status_code
+                out[f"{name}: request s"] = round(time.perf_counter() - t0, 3)
+                return status
+
+            worst, _, status = health_latency_during(s.url, attack)
+            out[f"{name}: status"] = status
+            out[f"{name}: worst /health latency s"] = round(worst, 3)
+    return out
+
+
 DEFECTS: dict[str, Callable[[Ctx], dict[str, Any]]] = {
     "1": d1_client_template, "2": d2_bodies_and_connections, "3+9": d3_d9_disk_full, "4": d4_big_prompt,
     "5": d5_images, "6": d6_shutdown_timeout, "7+8": d7_d8_schema_and_exports, "10": d10_temperature,
-    "11": d11_cli, "12": d12_fairness,
+    "11": d11_cli, "12": d12_fairness, "s1": s1_tool_schema_cost,
 }
 
 

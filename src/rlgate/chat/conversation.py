@@ -225,12 +225,14 @@ def message_digest(msg: Message) -> str:
     return DigestChain().add(msg).hexdigest()
 
 
-def tools_digest(tools: list[ToolSpec], template_kwargs: dict[str, Any] | None = None) -> str:
-    """Digest of everything besides the messages that changes the rendering."""
+def tools_digest(tools: list[ToolSpec], template_kwargs: dict[str, Any] | None = None) -> tuple[str, int]:
+    """Digest of everything besides the messages that changes the rendering, and the length of
+    its canonical JSON (how much text the tools and kwargs are: what rendering them costs)."""
     if not tools and not template_kwargs:
-        return _NO_TOOLS_DIGEST  # the common case, computed once
+        return _NO_TOOLS_DIGEST, 0  # the common case, computed once
     payload = [[t.name, t.description, t.parameters] for t in tools], template_kwargs or {}
-    return hashlib.blake2b(canonical_json(payload).encode(), digest_size=16).hexdigest()
+    text = canonical_json(payload)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest(), len(text)
 
 
 _NO_TOOLS_DIGEST = hashlib.blake2b(canonical_json([[], {}]).encode(), digest_size=16).hexdigest()

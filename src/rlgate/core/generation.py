@@ -57,8 +57,9 @@ from rlgate.trajectory.tree import find_parent
 
 log = logging.getLogger("rlgate.generation")
 
-# Prompts with fewer characters render and tokenize on the event loop (well under a
-# millisecond); longer ones, and any with a client-supplied template, on the render pool.
+# Prompts with fewer characters (message text and tool-call arguments, plus the canonical JSON
+# of the tools) render and tokenize on the event loop (well under a millisecond); longer ones,
+# and any with a client-supplied template, on the render pool.
 INLINE_CHARS = 32 * 1024
 # A tokenizer's normalizer (NFC, NFKC...) may merge up to three characters into one before
 # the vocabulary sees them: the character bound on prompts allows for it.
@@ -176,7 +177,7 @@ class GenerationService:
         chars = request_chars(req)
         if chars > self.max_prompt_chars(ctx):  # early: before hashing, rendering or tokenizing
             raise self._too_long(chars)
-        context_key = tools_digest(req.tools, req.template_kwargs)
+        context_key, tools_chars = tools_digest(req.tools, req.template_kwargs)
         parent, covered, chain = find_parent(session, context_key, req.messages)
         new_image_bytes = sum(image_size(p) for p in images(req.messages[covered:]))
         budget = self.config.max_image_bytes_per_session
@@ -189,7 +190,9 @@ class GenerationService:
         relation = "extend" if parent is not None else ("fork" if session.interactions else "root")
         render = functools.partial(self._render, session, req, parent, covered, relation, context_key)
         try:
-            if chars < self.inline_chars and "chat_template" not in req.template_kwargs:
+            # tools count towards the rendering's cost (not towards the prompt's lower bound: a
+            # template may leave them out); a large tool list renders off the event loop
+            if chars + tools_chars < self.inline_chars and "chat_template" not in req.template_kwargs:
                 prompt, parent, relation, fork_reason = render()
             else:
                 prompt, parent, relation, fork_reason = await self.render_pool.run(render)
