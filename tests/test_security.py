@@ -255,6 +255,27 @@ async def test_hostile_control_bodies_get_4xx(make_app, asgi_client, path, body)
         assert 400 <= r.status_code < 500 and set(r.json()["error"]) == {"message", "type", "param", "code"}
 
 
+@pytest.mark.parametrize("body,param", [
+    (b'{"task_id": "t", "metadata": {"x": NaN}}', "metadata"),  # json.loads takes these; the store wrote null
+    (b'{"task_id": "t", "metadata": {"a": [1, {"y": -Infinity}]}}', "metadata"),
+    (b'{"task_id": "t", "metadata": {"z": 1e999}}', "metadata"),
+    (b'{"task_id": "a\\nb\\r\\nINFO forged line"}', "task_id"),  # written to the log as is
+    (b'{"task_id": "a\\u0000b"}', "task_id"),
+    (b'{"task_id": "t", "api_key": "' + b" " * 40 + b'"}', "api_key"),  # keys no client can send back
+    (b'{"task_id": "t", "api_key": " ' + b"y" * 40 + b'"}', "api_key"),
+    (b'{"task_id": "t", "api_key": "' + "ключ".encode() * 10 + b'"}', "api_key"),
+    (b'{"task_id": "t", "api_key": "' + b"x" * 31 + b'\\t"}', "api_key"),
+])
+async def test_start_session_refuses_what_it_could_not_keep_or_log_safely(make_app, asgi_client, body, param):
+    async with asgi_client(make_app()) as c:
+        r = await c.post("/rl/start_session", content=body,
+                         headers={**admin_headers(), "content-type": "application/json"})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param
+        ok = await c.post("/rl/start_session", json={"task_id": "t", "metadata": {"x": 1.5}}, headers=admin_headers())
+        assert ok.status_code == 200 and ok.json()["session_id"] == "t-0"  # nothing was started before
+
+
 @pytest.mark.slow
 def test_admin_key_file_data_dir_and_an_unusable_store(tiny_model_dir, tmp_path):
     """Issue 15: --admin-key-file followed symlinks; --data-dir parents followed the umask; an

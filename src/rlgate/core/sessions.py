@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 import secrets
 import time
 from typing import Any
@@ -51,6 +52,9 @@ def recorded_image_bytes(session: Session) -> int:
         skip = len(parent.messages) + 1 if parent is not None else 0
         total += sum(image_size(p) for p in images(i.messages[skip:]))
     return total
+
+
+_VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")  # what a caller-chosen key may be made of
 
 
 def hash_key(key: str) -> str:
@@ -182,7 +186,13 @@ class SessionManager:
                 "export ended sessions first",
                 code="too_many_stored_sessions",
             )
+        if not task_id.isprintable():  # it is written to logs, and names the session
+            raise InvalidRequest("task_id must not hold control characters (newlines, tabs, NUL...)",
+                                 param="task_id")
         if api_key is not None:
+            if not _VISIBLE_ASCII.fullmatch(api_key):  # a header value a client can send back
+                raise InvalidRequest("api_key must be printable ASCII without spaces: it is sent back in the "
+                                     "Authorization or x-api-key header", param="api_key")
             if secrets.compare_digest(hash_key(api_key), self._admin_hash):
                 raise InvalidRequest("api_key must not be the admin key", param="api_key")
             if len(api_key) < MIN_KEY_LENGTH:

@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
 from rlgate.api.auth import is_admin_request, require_admin, session_from_request
-from rlgate.api.common import check_depth, has_lone_surrogate, validation_message
+from rlgate.api.common import check_depth, has_lone_surrogate, has_non_finite, validation_message
 from rlgate.api.control.protocol import (
     CollectRequest,
     ExportRequest,
@@ -72,6 +72,9 @@ async def start_session(request: Request, body: StartSessionRequest) -> dict[str
         if has_lone_surrogate(getattr(body, name)):  # could be neither stored nor sent back
             raise InvalidRequest(f"{name} contains an unpaired UTF-16 surrogate (e.g. \\ud800)", param=name,
                                  code="invalid_unicode")
+    if has_non_finite(body.metadata):
+        raise InvalidRequest("metadata holds NaN or an infinite number, which is not valid JSON", param="metadata",
+                             code="invalid_json")
     session, key = gw(request).sessions.start_session(
         body.task_id, body.api_key, mode=body.mode, metadata=body.metadata
     )
