@@ -69,6 +69,10 @@ async def test_the_same_checks_on_every_surface(surface, make_app, asgi_client):
             assert error_of(r)[1].endswith("name")
         r = await post(body(surface, tool_choice=required(surface)))  # a tool call required, but no tools
         assert r.status_code == 400 and "needs tools" in error_of(r)[0]
+        r = await post(body(surface, tools=[TOOL, {**TOOL, "description": "another"}]))  # one name, two tools
+        assert r.status_code == 400 and "tool names must be unique; 'add' is given twice" in error_of(r)[0]
+        if surface != "anthropic":
+            assert error_of(r)[1] == {"chat": "tools[1].function.name", "responses": "tools[1].name"}[surface]
         r = await post(body(surface, tools=[TOOL], tool_choice=named(surface, "add")))
         assert r.status_code == 200
 

@@ -6,6 +6,7 @@ which checks what every surface must check the same way and fills in what the re
 left out from :class:`~rlgate.core.request.ChatRequest`'s defaults:
 
 * at least one message (besides a system prompt given apart: Anthropic's ``system``);
+* tool names are unique (a call names its tool: two of one name cannot be told apart);
 * ``tool_choice``: absent means ``"auto"`` with tools and ``"none"`` without;
   ``"required"`` needs tools; a named tool must be one of the tools;
 * sampling (``temperature``, ``top_p``, ``top_k``, ``seed``), ``stop``, ``store`` and the
@@ -52,11 +53,19 @@ def chat_request(
     template_kwargs: dict[str, Any] | None = None,
     messages_param: str = "messages",
     tool_choice_param: str = "tool_choice",
+    tool_name_param: str = "tools[{i}].name",
 ) -> ChatRequest:
     """The internal request (see the module docstring): ``system`` (a system prompt given apart
-    from the messages) goes first; ``*_param`` name the request's fields in errors."""
+    from the messages) goes first; ``*_param`` name the request's fields in errors
+    (``tool_name_param`` with ``{i}`` for the tool's index)."""
     if not messages:
         raise InvalidRequest(f"{messages_param} must contain at least one message", param=messages_param)
+    seen: set[str] = set()
+    for i, t in enumerate(tools):
+        if t.name in seen:
+            raise InvalidRequest(f"tool names must be unique; {t.name!r} is given twice",
+                                 param=tool_name_param.format(i=i))
+        seen.add(t.name)
     given = {k: v for k, v in vars(sampling).items() if v is not None}
     return ChatRequest(
         messages=[system, *messages] if system is not None else messages,

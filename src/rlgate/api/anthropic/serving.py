@@ -189,8 +189,7 @@ def convert_messages(body: MessageCreateRequest | CountTokensRequest) -> list[Me
 
 def convert_tools(tools: list[AnthropicToolParam] | None) -> list[ToolSpec]:
     specs: list[ToolSpec] = []
-    seen: set[str] = set()
-    for i, t in enumerate(tools or []):
+    for i, t in enumerate(tools or []):  # unique names: checked by api/normalize.py for every surface
         if t.type not in (None, "custom"):
             raise InvalidRequest(
                 f"tool {t.name!r} has type {t.type!r}: Anthropic server tools are not available on rlgate; "
@@ -199,9 +198,6 @@ def convert_tools(tools: list[AnthropicToolParam] | None) -> list[ToolSpec]:
             )
         if t.input_schema is None:
             raise InvalidRequest(f"tool {t.name!r}: input_schema is required", param=f"tools[{i}].input_schema")
-        if t.name in seen:
-            raise InvalidRequest(f"tool names must be unique; {t.name!r} is given twice", param=f"tools[{i}].name")
-        seen.add(t.name)
         specs.append(tool_spec(t.name, t.description, t.input_schema, f"tools[{i}].input_schema"))
     return specs
 

@@ -80,7 +80,8 @@ def to_chat_request(body: ChatCompletionRequest) -> ChatRequest:
     )
     return chat_request([convert_message(m, i) for i, m in enumerate(body.messages)], tools,
                         openai_tool_choice(body.tool_choice, nested=True), sampling,
-                        template_kwargs=body.chat_template_kwargs, tool_choice_param="tool_choice.function")
+                        template_kwargs=body.chat_template_kwargs, tool_choice_param="tool_choice.function",
+                        tool_name_param="tools[{i}].function.name")
 
 
 def ignored_params(body: ChatCompletionRequest) -> list[str]:
