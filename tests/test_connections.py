@@ -391,6 +391,35 @@ def test_head_expect_continue_and_connection_close_still_answer(make_app):
                 assert c.get("/health").status_code == 200
 
 
+@pytest.mark.parametrize("why,extra_headers,length", [
+    ("unknown key", b"Authorization: Bearer not-a-key-of-this-gateway\r\n", 1000),
+    ("body over the limit", None, 5000),  # max_body_bytes=4096 below
+])
+def test_expect_continue_gets_the_refusal_before_sending_its_body(make_app, why, extra_headers, length):
+    """A client that asked to continue is answered 401 / 413 at once, not told 100 Continue (it would
+    upload a body the gateway then throws away)."""
+    app = make_app(max_body_bytes=4096)
+    with ServerThread(app) as url:
+        if extra_headers is None:
+            _, key = httpx_start_session(url)
+            extra_headers = f"Authorization: Bearer {key}\r\n".encode()
+        head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + extra_headers +
+                b"Content-Type: application/json\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n" % length)
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(head)
+            data = b""
+            deadline = time.monotonic() + 30
+            while not _complete(data) and time.monotonic() < deadline:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        status = {"unknown key": b"401", "body over the limit": b"413"}[why]
+        assert data.startswith(b"HTTP/1.1 " + status), data[:300]
+        assert b"100 Continue" not in data
+
+
 def test_a_response_longer_than_the_header_timeout_is_not_cut(make_app, tokenizer):
     """The header timer guards the request's head only: a request whose body arrived in the same
     read as its headers (idle again at once) kept the timer armed, and a response still

@@ -35,6 +35,17 @@ async def drain(receive: Any, budget: int = DRAIN_BYTES, seconds: float = DRAIN_
             return
 
 
+def drainable_length(scope: dict[str, Any]) -> int | None:
+    """The declared length of a body worth draining before an answer, or None: a client that
+    sent ``Expect: 100-continue`` has not sent its body and waits for the server's go-ahead,
+    which reading the body would give (uvicorn sends ``100 Continue`` on the first read); it
+    gets the final answer at once instead, and uploads nothing (RFC 9110, 10.1.1)."""
+    for name, value in scope.get("headers", []):
+        if name == b"expect" and value.strip().lower() == b"100-continue":
+            return None
+    return declared_length(scope)
+
+
 def declared_length(scope: dict[str, Any]) -> int | None:
     for name, value in scope.get("headers", []):
         if name == b"content-length":
@@ -57,7 +68,7 @@ async def send_error(scope: dict[str, Any], send: Any, exc: GatewayError, *, clo
 
 async def refuse_unread(scope: dict[str, Any], receive: Any, send: Any, exc: GatewayError) -> None:
     """Answer ``exc`` without buffering the body: a small declared body is drained first."""
-    size = declared_length(scope)
+    size = drainable_length(scope)
     if size is not None and size <= DRAIN_BYTES:
         await drain(receive)
     await send_error(scope, send, exc)

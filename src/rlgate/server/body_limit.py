@@ -18,7 +18,7 @@ import asyncio
 from typing import Any
 
 from rlgate.errors import GatewayError, PayloadTooLarge, RequestTimeout, Unavailable
-from rlgate.server.asgi_errors import DRAIN_BYTES, declared_length, drain, send_error
+from rlgate.server.asgi_errors import DRAIN_BYTES, declared_length, drain, drainable_length, send_error
 
 BODY_METHODS = ("POST", "PUT", "PATCH")
 
@@ -78,7 +78,8 @@ class BodyLimitMiddleware:
         """Buffer the body into ``chunks``, counted in ``held`` and ``self.buffered`` as it comes."""
         declared = declared_length(scope)
         if declared is not None and declared > self.max_bytes:
-            if declared <= DRAIN_BYTES:  # small enough to read it all: the client sees the 413
+            drainable = drainable_length(scope)
+            if drainable is not None and drainable <= DRAIN_BYTES:  # small enough to read: the client sees the 413
                 await drain(receive)
             raise self._too_large()
         size = 0
