@@ -88,3 +88,38 @@ async def test_every_surface_records_the_same_defaults(make_app, asgi_client):
     samplings = [{k: v for k, v in i.sampling.items() if k != "max_new_tokens"} for i in session.interactions.values()]
     assert len(samplings) == 3
     assert samplings[0] == samplings[1] == samplings[2] == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None}
+
+
+@pytest.mark.parametrize("path,body,param,words", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "video", "v": 1}]}]},
+     "messages[0].content[0]", "Input tag 'video' found using 'type' does not match any of the expected tags"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content[0].image_url.url", "Field required"),
+    ("/v1/responses", {"input": "hi", "tools": [{"type": "function", "parameters": {}}]}, "tools[0].name",
+     "Field required"),
+    ("/v1/responses", {"input": "hi", "tools": [{"type": "namespace", "name": "n", "tools": [{"type": "custom"}]}]},
+     "tools[0].tools[0].name", "Field required"),
+])
+async def test_an_invalid_field_is_named_as_the_request_spells_it(make_app, asgi_client, path, body, param, words):
+    """pydantic's locations name the union members it tried (``content.str``, a tool's tag:
+    ``tools[0].function.name`` for a Responses tool); the error names the request's own field."""
+    async with asgi_client(make_app()) as c:
+        _, key = await start_session(c)
+        r = await c.post(path, json=body, headers=key_headers(key))
+        assert r.status_code == 400, r.text
+        message, got = error_of(r)
+        assert got == param and message.startswith(f"{param}: {words}"), r.text
+
+
+async def test_control_routes_name_their_fields_and_refuse_broken_json(make_app, asgi_client):
+    from helpers import admin_headers
+
+    async with asgi_client(make_app()) as c:
+        h = {**admin_headers(), "content-type": "application/json"}
+        r = await c.post("/rl/start_session", content=b"{", headers=h)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
+        assert r.json()["error"]["message"].startswith("the request body is not valid JSON")
+        r = await c.post("/rl/start_session", json={"task_id": "t", "mode": "sideways"}, headers=admin_headers())
+        assert r.status_code == 422 and r.json()["error"]["param"] == "mode", r.text
+        r = await c.post("/export_trajectories", json={"session_id": ["x"]}, headers=admin_headers())
+        assert r.status_code == 422 and r.json()["error"]["param"] == "session_id", r.text

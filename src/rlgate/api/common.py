@@ -130,22 +130,64 @@ def has_non_finite(value: Any) -> bool:
     return False
 
 
-def _loc(err: Mapping[str, Any]) -> str:
-    parts = [str(p) for p in err.get("loc", ()) if not str(p).startswith("function-")]
+# Names pydantic puts in an error's location for the member of a union it tried (``str``,
+# ``list[...]``, a model's class name); they are not fields of the request.
+_BRANCH_NAMES = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "bytes"})
+
+
+def _is_branch(part: str) -> bool:
+    return "[" in part or part in _BRANCH_NAMES or part[:1].isupper() or part.startswith("function-")
+
+
+def _loc(err: Mapping[str, Any], data: Any = None, skip: tuple[str, ...] = ()) -> str:
+    """The request field an error is about, as ``messages[0].content[1].text``. pydantic's
+    location also names the union member it tried (``str``, ``list[...]``, a class name, a
+    tagged union's tag: ``tools[0].function.name`` for a Responses tool); those parts are
+    dropped. With ``data`` (the parsed body) the location is followed through it: a part that
+    is neither a key nor an index there is a member name, unless it is the last (a missing
+    field)."""
+    raw = [str(p) if not isinstance(p, int) else p for p in err.get("loc", ())]
+    parts: list[str] = []
+    here = data
+    for n, p in enumerate(raw):
+        if isinstance(p, int):
+            parts.append(str(p))
+            here = here[p] if isinstance(here, list) and -len(here) <= p < len(here) else None
+            continue
+        if _is_branch(p) or (not parts and p in skip):
+            continue
+        if isinstance(here, dict) and p in here:
+            here = here[p]
+        elif data is not None and n < len(raw) - 1:
+            continue  # not a field of the value there: a tag
+        elif data is None and parts and parts[-1] == p:
+            continue  # ('image_url', 'image_url'): a tag, then the field of that name
+        else:
+            here = None
+        parts.append(p)
     out = ""
     for p in parts:
         out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
     return out
 
 
-def validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    errs = exc.errors()
-    first = errs[0]
-    loc = _loc(first)
-    msg = f"{loc}: {first['msg']}" if loc else first["msg"]
+def describe_errors(errs: list[Any], data: Any = None, skip: tuple[str, ...] = ()) -> tuple[str, str | None]:
+    """One message for pydantic's errors, and the field it names: the most specific error (the
+    deepest location: an unknown content part, not "content should be a string"), and how
+    many others there are. ``data``: the parsed body (see :func:`_loc`); ``skip``: a leading
+    location part that is not a field (``body``)."""
+    if not errs:
+        return "invalid request", None
+    best = max(errs, key=lambda e: len(e.get("loc", ())))  # the first of the deepest
+    loc = _loc(best, data, skip)
+    msg = f"{loc}: {best['msg']}" if loc else str(best["msg"])
     if len(errs) > 1:
         msg += f" (and {len(errs) - 1} more error{'s' if len(errs) > 2 else ''})"
     return msg, loc or None
+
+
+def validation_message(exc: ValidationError, data: Any = None) -> tuple[str, str | None]:
+    return describe_errors(exc.errors(), data)
 
 
 def parse_model(model: type[M], data: Any) -> M:
@@ -154,7 +196,7 @@ def parse_model(model: type[M], data: Any) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        msg, loc = validation_message(exc)
+        msg, loc = validation_message(exc, data)
         raise InvalidRequest(msg, param=loc) from exc
 
 

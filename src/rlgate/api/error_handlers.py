@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rlgate.api.common import JsonResponse
+from rlgate.api.common import JsonResponse, describe_errors
 from rlgate.core.request_scope import undo_changes
 from rlgate.errors import GatewayError, InternalError, InvalidRequest, Unavailable, error_body, from_status, surface_of
 from rlgate.store.base import StoreError
@@ -34,13 +34,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JsonResponse:
-        errs = exc.errors()
-        first = errs[0] if errs else {"msg": "invalid request", "loc": ()}
-        loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        msg = f"{loc}: {first['msg']}" if loc else str(first["msg"])
+        errs = list(exc.errors())
+        if any(e.get("type") == "json_invalid" for e in errs):  # not JSON at all: as the API surfaces say it
+            return _error_response(request, InvalidRequest(
+                f"the request body is not valid JSON: {errs[0].get('msg')}", code="invalid_json"))
+        msg, loc = describe_errors(errs, {"body": exc.body}, skip=("body",))
         # API surfaces answer 400 (as OpenAI / Anthropic do); control routes 422 (as the original).
         status = 400 if _is_api_route(request.url.path) else 422
-        return _error_response(request, InvalidRequest(msg, param=loc or None, status=status))
+        return _error_response(request, InvalidRequest(msg, param=loc, status=status))
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, exc: StoreError) -> JsonResponse:

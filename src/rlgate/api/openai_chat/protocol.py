@@ -7,7 +7,7 @@ extensions are in a marked block at the end of :class:`ChatCompletionRequest`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,7 +31,8 @@ class ImageContentPart(_Open):
     image_url: ImageURL
 
 
-ContentPart = TextContentPart | ImageContentPart
+# Tagged by ``type``: a part of another type is refused naming its type and the ones known.
+ContentPart = Annotated[TextContentPart | ImageContentPart, Field(discriminator="type")]
 
 
 class FunctionCall(_Open):
