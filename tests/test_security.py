@@ -199,6 +199,18 @@ def test_ignored_parameter_names_are_made_safe_for_headers_and_logs(make_app):
     assert json.dumps(value).isascii()
 
 
+def test_a_long_escaped_parameter_name_is_cut_between_escapes():
+    import re
+
+    from rlgate.api.common import _param_name
+
+    for name in ("a" * 61 + "é" * 3, "é" * 40, "\ud800" * 20, "x," * 40, "b" * 59 + "\n" * 5):
+        shown = _param_name(name)
+        assert len(shown) <= 64 and shown.isascii() and shown.isprintable()
+        assert re.fullmatch(r"(?:[^\\]|\\u[0-9a-f]{4}|\\[nrtbf\\\"])*", shown), shown  # whole escapes only
+        assert json.loads(f'"{shown}"') == name[:len(json.loads(f'"{shown}"'))]
+
+
 # --------------------------------------------------------------------------- hostile input
 
 SURFACE_BODIES = {

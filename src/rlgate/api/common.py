@@ -262,11 +262,20 @@ def sse(data: Any, event: str | None = None) -> bytes:
 MAX_REPORTED_PARAMS = 32  # names in the header / log line; the rest is counted
 
 
-def _param_name(name: str) -> str:
-    """A client-chosen field name made safe for a header and a log line (ASCII, no control chars)."""
+def _param_name(name: str, limit: int = 64) -> str:
+    """A client-chosen field name made safe for a header and a log line (ASCII, no control chars),
+    at most ``limit`` characters, cut between escapes (never inside one)."""
     if name.isascii() and name.isprintable() and "," not in name:
-        return name[:64]
-    return json.dumps(name)[1:-1].replace(",", "\\u002c")[:64]
+        return name[:limit]
+    out: list[str] = []
+    size = 0
+    for ch in name:
+        e = ch if ch.isascii() and ch.isprintable() and ch != "," else json.dumps(ch)[1:-1].replace(",", "\\u002c")
+        if size + len(e) > limit:
+            break
+        out.append(e)
+        size += len(e)
+    return "".join(out)
 
 
 def report_ignored(surface: str, names: list[str]) -> dict[str, str]:
