@@ -237,3 +237,19 @@ async def test_router_handles_many_concurrent_sessions(deployment):
 
         done = await asyncio.gather(*(episode(i) for i in range(30)))
     assert done == ["stop"] * 30
+
+
+def test_a_local_ray_cluster_has_room_for_its_replicas(monkeypatch):
+    """Ray's CPUs are scheduling slots: three replicas of one CPU each on a 2-core machine waited
+    for ever for the third (docs/scale-out.md's first example)."""
+    import os
+
+    from rlgate.cluster.launch import local_num_cpus
+    from rlgate.config import ClusterConfig
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert local_num_cpus(ClusterConfig(replicas=3)) == 3
+    assert local_num_cpus(ClusterConfig(replicas=3, replica_num_cpus=1.5)) == 5
+    assert local_num_cpus(ClusterConfig(replicas=2)) is None  # they fit: Ray counts the machine's
+    assert local_num_cpus(ClusterConfig(replicas=0)) is None
+    assert local_num_cpus(ClusterConfig(replicas=3, ray_num_cpus=1)) == 1  # said explicitly: as said

@@ -167,7 +167,8 @@ class ClusterConfig:
     replica_host: str = field(default="127.0.0.1", metadata={
         "help": "interface each replica's HTTP port binds; 0.0.0.0 when replicas run on other nodes"})
     ray_num_cpus: int | None = field(default=None, metadata={
-        "help": "local Ray cluster only: CPUs it may schedule (default: the machine's)"})
+        "help": "local Ray cluster only: CPUs it may schedule (default: the machine's, or what the replicas "
+                "reserve if that is more)"})
     object_store_mb: int = field(default=128, metadata={
         "help": "local Ray cluster only: object store size in MiB (the data plane does not use it)"})
     refresh_interval: float = field(default=0.5, metadata={

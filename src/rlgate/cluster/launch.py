@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from typing import Any, Self
@@ -46,6 +47,17 @@ def ray_environment() -> None:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
+def local_num_cpus(config: ClusterConfig) -> int | None:
+    """The CPUs a local Ray cluster may schedule: ``ray_num_cpus``, else the machine's, but never
+    fewer than the replicas reserve (Ray's CPUs are scheduling slots: on a 2-core machine
+    ``--replicas 3`` waited for ever for its third replica). None: Ray's own default."""
+    if config.ray_num_cpus is not None:
+        return config.ray_num_cpus
+    need = math.ceil(config.replicas * config.replica_num_cpus)
+    machine = os.cpu_count() or 1
+    return need if need > machine else None
+
+
 def init_ray(config: ClusterConfig, *, log_to_driver: bool = False) -> None:
     """Connect to ``config.ray_address`` or start a small local Ray cluster (idempotent).
     ``log_to_driver``: print the workers' stdout/stderr here (``ray.trainer``: the run's output)."""
@@ -62,7 +74,7 @@ def init_ray(config: ClusterConfig, *, log_to_driver: bool = False) -> None:
             # a local cluster talks over loopback only; address="local": a new one even if another
             # Ray cluster runs on this machine (without it ray.init joins that one, and refuses
             # num_cpus there); joining one is what --ray-address is for
-            ray.init(address="local", num_cpus=config.ray_num_cpus, include_dashboard=False, namespace=config.namespace,
+            ray.init(address="local", num_cpus=local_num_cpus(config), include_dashboard=False, namespace=config.namespace,
                      _node_ip_address="127.0.0.1", object_store_memory=config.object_store_mb * 1024 * 1024,
                      log_to_driver=log_to_driver, configure_logging=False)
             return
