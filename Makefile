@@ -17,7 +17,9 @@ AGENT_CLIS := @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0
 
 .PHONY: demo test test-fast lint fuzz bench install browser agent-clis clean
 
-# torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build here
+# torch first, pinned, so that its build is chosen before anything pulls it in: whatever pip's
+# configuration offers for torch==2.13.0 (the CPU wheel where a local wheel directory or the
+# PyTorch CPU index is configured; from plain PyPI on Linux, the CUDA build: several GB)
 $(TORCH):
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
