@@ -172,7 +172,10 @@ def test_train_run_artifacts_check_eval_and_resume(work):
     r = rlgate(work, "train", "--config", "cfg.yaml", "--set", "steps=3")
     assert r.code == 0, r.text
     assert "resuming from run/checkpoints/step-000002 (step 2)" in r.out
-    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1.0, 2.0, 3.0]
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1.0, 2.0, 3.0]
+    assert [m["version"] for m in metrics] == [1.0, 2.0, 3.0]  # the engine resumes at the checkpoint's version
+    assert [json.loads(x)["step"] for x in (run / "evals.jsonl").read_text().splitlines()] == [0, 2, 3]  # once each
     assert (run / "checkpoints" / "latest").read_text() == "step-000003"
     assert [s for s, _ in _scalars(run / "tensorboard")["train/reward"]] == [1, 2, 3]
 

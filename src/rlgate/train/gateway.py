@@ -123,8 +123,11 @@ def check_ray() -> None:
         raise RunError("ray: this config runs on Ray, which is not installed: pip install 'rlgate[cluster]'") from None
 
 
-async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) -> OpenGateway:
-    """Connect to (or start) the gateway serving ``weights``."""
+async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path, *, version: int = 0) -> OpenGateway:
+    """Connect to (or start) the gateway serving ``weights``. ``version``: the weight version
+    ``weights`` are (a resumed run's checkpoint); the in-process engine starts there instead of
+    at 0. Replicas come back at the version their stores recorded, a running gateway keeps its
+    own."""
     from rlgate.train.sync import ColocatedSync, RemoteSync
 
     if cfg.ray is not None:
@@ -168,6 +171,7 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) -> 
         engine = LocalEngine(weights, device=cfg.gateway.device, max_context_length=cfg.gateway.context_length)
     except Exception as exc:  # noqa: BLE001
         raise RunError(f"model: the engine cannot load {weights}: {type(exc).__name__}: {exc}") from None
+    engine.restore_version(version)
     app = create_app(
         GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
                       reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,

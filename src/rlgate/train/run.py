@@ -204,12 +204,13 @@ def _prompts(data: list[dict[str, Any]], seed: int, state: LoopState) -> Iterato
             i += 1
 
 
-def _trim_jsonl(path: Path, last_step: int) -> None:
-    """Drop lines of steps after ``last_step`` (redone after a resume); a fresh run (0) starts empty."""
+def _trim_jsonl(path: Path, upto: int | None) -> None:
+    """Keep the lines of steps up to ``upto`` (later ones are redone after a resume); None: a fresh
+    run, the file starts empty."""
     if not path.is_file():
         return
     keep = [line for line in path.read_text().splitlines()
-            if line.strip() and last_step and json.loads(line).get("step", 0) <= last_step]
+            if line.strip() and upto is not None and json.loads(line).get("step", 0) <= upto]
     path.write_text("".join(line + "\n" for line in keep))
 
 
@@ -239,14 +240,16 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
     saved = load_trainer_state(ckpt) if ckpt is not None else None
     if saved is not None:
         state.step, state.history = saved["step"], saved["history"]
-    for name in ("metrics.jsonl", "evals.jsonl"):
-        _trim_jsonl(out / name, state.step)
+    resumed = state.step > 0
+    _trim_jsonl(out / "metrics.jsonl", state.step if resumed else None)
+    # a resumed run evaluates its starting checkpoint again (at state.step): that line is its own
+    _trim_jsonl(out / "evals.jsonl", state.step - 1 if resumed else None)
     if state.step == 0:
         shutil.rmtree(out / "tensorboard", ignore_errors=True)
         shutil.rmtree(out / "trajectories", ignore_errors=True)
     # ------------------------------------------------------------------ 2. gateway
     weights = ckpt or prep.model
-    gw = await open_gateway(cfg, weights, prep.model)
+    gw = await open_gateway(cfg, weights, prep.model, version=int(saved.get("version") or 0) if saved else 0)
     ctrl_c = _CtrlC()
     ctrl_c.install()
     trackers = None
