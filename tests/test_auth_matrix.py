@@ -141,3 +141,49 @@ def test_the_early_auth_gate_knows_the_admin_routes():
     from rlgate.api.auth import ADMIN_ONLY_PATHS
 
     assert set(ADMIN_ONLY_PATHS) == {path for (_, path), (auth, _) in ROUTES.items() if auth == ADMIN}
+
+
+async def test_a_key_retired_while_its_body_arrives_is_refused_by_the_route(make_app, asgi_client):
+    """The early gate hands the session it found to the route (one lookup per request); a session
+    exported while the request's body was still arriving is not taken from it: the route answers
+    401 as for any retired key, and writes nothing for the forgotten session."""
+    import asyncio
+    import json
+
+    from helpers import admin_headers
+
+    app = make_app()
+    async with asgi_client(app) as c, app.router.lifespan_context(app):
+        sid, key = await start_session(c)
+        assert (await c.post("/rl/end_session", headers=key_headers(key))).status_code == 200
+        body_sent = asyncio.Event()
+        gate_passed = asyncio.Event()
+        body = b"{}"
+
+        async def receive() -> dict:
+            gate_passed.set()  # the gate answered from the headers; the body is being read
+            await body_sent.wait()
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        out: dict = {}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                out["status"] = message["status"]
+            elif message["type"] == "http.response.body":
+                out["body"] = out.get("body", b"") + message.get("body", b"")
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/rl/end_session", "raw_path": b"/rl/end_session", "query_string": b"",
+                 "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+                 "headers": [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json"),
+                             (b"content-length", str(len(body)).encode()), (b"host", b"x")]}
+        late = asyncio.create_task(app(scope, receive, send))
+        await gate_passed.wait()
+        r = await c.post("/export_trajectories", json={"session_id": sid}, headers=admin_headers())
+        assert r.status_code == 200  # exported and forgotten
+        body_sent.set()
+        await late
+        assert out["status"] == 401, out
+        assert "invalid API key" in json.loads(out["body"])["error"]["message"]
+        assert sid not in app.state.gateway.sessions.sessions

@@ -64,9 +64,18 @@ def require_admin(request: Request) -> None:
         raise PermissionDenied("this route needs the admin key")
 
 
+# Where the early gate (server/auth_gate.py) leaves the session it found for the request's key:
+# the route then neither parses the headers nor hashes the key again.
+AUTHENTICATED_SESSION = "rlgate.session"
+
+
 def session_from_request(request: Request) -> Session:
+    sessions = request.app.state.gateway.sessions
+    found = request.scope.get(AUTHENTICATED_SESSION)
+    if found is not None and sessions.sessions.get(found.id) is found:  # still held (not exported meanwhile)
+        return found
     token = _token_or_401(request)
-    return request.app.state.gateway.sessions.session_for_key(token)
+    return sessions.session_for_key(token)
 
 
 def is_admin_request(request: Request) -> bool:
@@ -85,10 +94,8 @@ def authenticate_early(
     token = token_from_headers(headers)
     if token is None:
         return None, _missing()
-    if sessions.is_admin(token):
-        return None, None
     try:
-        return sessions.session_for_key(token), None
+        return sessions.identify(token), None  # None: the admin key
     except AuthenticationFailed as exc:
         if path in ADMIN_ONLY_PATHS:
             return None, PermissionDenied("this route needs the admin key")

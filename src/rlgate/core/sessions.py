@@ -244,7 +244,19 @@ class SessionManager:
         return secrets.compare_digest(hash_key(token), self._admin_hash)
 
     def session_for_key(self, token: str) -> Session:
-        sid = self._by_key.get(hash_key(token))
+        return self._session_for_digest(hash_key(token))
+
+    def identify(self, token: str) -> Session | None:
+        """The session ``token`` is the key of; None for the admin key. Raises
+        :class:`AuthenticationFailed` for any other token. One hash of the token for both
+        questions (the gate asks them of every request with a body)."""
+        digest = hash_key(token)
+        if secrets.compare_digest(digest, self._admin_hash):
+            return None
+        return self._session_for_digest(digest)
+
+    def _session_for_digest(self, digest: str) -> Session:
+        sid = self._by_key.get(digest)
         session = self.sessions.get(sid) if sid is not None else None
         if session is None:
             raise AuthenticationFailed("invalid API key: not a session key of this gateway")

@@ -19,7 +19,7 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from rlgate.api.auth import authenticate_early
+from rlgate.api.auth import AUTHENTICATED_SESSION, authenticate_early
 from rlgate.core.rate_limit import RateLimiter
 from rlgate.core.sessions import SessionManager
 from rlgate.errors import GatewayError
@@ -49,4 +49,6 @@ class AuthGateMiddleware:
             self.refused += 1
             await refuse_unread(scope, receive, send, error)
             return
+        if session is not None:
+            scope[AUTHENTICATED_SESSION] = session  # the route's session_from_request takes it as found
         await self.app(scope, receive, send)
