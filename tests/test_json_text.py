@@ -52,3 +52,18 @@ def test_what_orjson_refuses_takes_the_standard_library():
 def test_output_is_compact_utf8():
     assert dumps({"a": [1, "é"]}) == '{"a":[1,"é"]}'.encode()
     assert dumps_text({"a": None}) == '{"a":null}'
+
+
+def test_canonical_bytes_ignore_key_order_and_read_back():
+    from rlgate.json_text import canonical
+
+    rng = random.Random(15)
+    for _ in range(300):
+        v = _random_value(rng)
+        assert json.loads(canonical(v)) == v
+        if isinstance(v, dict):
+            assert canonical(dict(reversed(list(v.items())))) == canonical(v)
+    nested = {"b": {"y": 1, "x": [{"q": 1, "p": 2}]}, "a": 0}
+    assert canonical(nested) == b'{"a":0,"b":{"x":[{"p":2,"q":1}],"y":1}}'
+    lone = {"s": "\ud800", "n": 2**70}  # what orjson refuses: the standard library, bytes all the same
+    assert json.loads(canonical(lone).decode("utf-8", "surrogatepass")) == lone

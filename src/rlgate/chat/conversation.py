@@ -31,6 +31,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rlgate.json_text import canonical
+
 Role = Literal["system", "user", "assistant", "tool"]
 
 
@@ -231,11 +233,11 @@ def tools_digest(tools: list[ToolSpec], template_kwargs: dict[str, Any] | None =
     if not tools and not template_kwargs:
         return _NO_TOOLS_DIGEST, 0  # the common case, computed once
     payload = [[t.name, t.description, t.parameters] for t in tools], template_kwargs or {}
-    text = canonical_json(payload)
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest(), len(text)
+    data = canonical(payload)  # orjson: every request of a tool-using agent sends its tools again
+    return hashlib.blake2b(data, digest_size=16).hexdigest(), len(data)
 
 
-_NO_TOOLS_DIGEST = hashlib.blake2b(canonical_json([[], {}]).encode(), digest_size=16).hexdigest()
+_NO_TOOLS_DIGEST = hashlib.blake2b(canonical([[], {}]), digest_size=16).hexdigest()
 
 
 # --------------------------------------------------------------------------- export form
