@@ -65,10 +65,13 @@ __all__ = ["BridgeError", "ChatRenderer", "PromptTooLong", "TemplateError", "mes
 _SENTINEL = "RLGATE_SENTINEL_7f3a"
 # Prompts remembered by render_ids (exact inputs -> token ids). A GRPO group sends the same
 # prompt once per sample, and an agent's retries send it again: rendering a ~40-token
-# prompt (Jinja + tokenizer) costs more than the rest of the request (benchmarks/hot_path.py).
-# Only prompts up to PROMPT_CACHE_MAX_TOKENS are kept (4-byte ids): at most 4 MiB of ids.
+# prompt (Jinja + tokenizer) costs more than the rest of the request (benchmarks/hot_path.py),
+# and a tool-using agent's first turn (a 46 KB tool list: ~35 ms of rendering) costs that
+# much once per episode. At most PROMPT_CACHE_SIZE prompts of at most PROMPT_CACHE_MAX_TOKENS
+# each, and PROMPT_CACHE_BUDGET_TOKENS in all (4-byte ids: 16 MiB), least recently used first out.
 PROMPT_CACHE_SIZE = 1024
-PROMPT_CACHE_MAX_TOKENS = 1024
+PROMPT_CACHE_MAX_TOKENS = 256 * 1024
+PROMPT_CACHE_BUDGET_TOKENS = 4 * 1024 * 1024
 _PLACEHOLDER_USER = Message.of("user", "hi")
 
 
@@ -122,6 +125,7 @@ class ChatRenderer:
         # Exact template inputs of small prompts -> (prompt ids, characters rendered); bounded
         # in entries and in size, and locked (rendering may run on a worker thread).
         self._prompts: OrderedDict[bytes, tuple[array[int], int]] = OrderedDict()
+        self._prompt_tokens = 0  # ids held in _prompts
         self._prompts_lock = threading.Lock()
 
     # ------------------------------------------------------------------ primitives
@@ -189,9 +193,14 @@ class ChatRenderer:
         ids_list = self._encode_bounded(text, max_chars)
         if len(ids_list) <= PROMPT_CACHE_MAX_TOKENS:
             with self._prompts_lock:
+                old = self._prompts.pop(key, None)  # another thread rendered it meanwhile
+                if old is not None:
+                    self._prompt_tokens -= len(old[0])
                 self._prompts[key] = (array("i", ids_list), len(text))
-                if len(self._prompts) > PROMPT_CACHE_SIZE:
-                    self._prompts.popitem(last=False)
+                self._prompt_tokens += len(ids_list)
+                while len(self._prompts) > PROMPT_CACHE_SIZE or self._prompt_tokens > PROMPT_CACHE_BUDGET_TOKENS:
+                    _, (evicted, _) = self._prompts.popitem(last=False)
+                    self._prompt_tokens -= len(evicted)
         return ids_list
 
     def reasoning_open(self, prompt_ids: list[int]) -> bool:
