@@ -125,6 +125,42 @@ async def test_sdk_tool_round_trip(make_app, serve, tokenizer):
     assert two["messages"][-1] == {"role": "tool", "content": "3", "tool_call_id": call.id, "name": "add"}
 
 
+async def test_sdk_tool_runner_with_its_defaults(make_app, serve, tokenizer):
+    """The SDK's tool runner threads its requests by default (``thread``: the server would keep the
+    conversation); rlgate refuses that with ``thread_unsupported_request``, which the runner
+    answers by sending the same turn unthreaded. Both turns are recorded, one chain."""
+    from anthropic import beta_async_tool
+
+    @beta_async_tool
+    async def add(a: int, b: int) -> str:
+        """Add two integers."""
+        return str(a + b)
+
+    engine = FakeEngine(tokenizer, script=[CALL, "1 + 2 = 3."])
+    url = serve(make_app(engine))
+    async with episode(url) as ep:
+        runner = ep.sdk.beta.messages.tool_runner(model="tiny", max_tokens=64, tools=[add], messages=USER)
+        replies = [m async for m in runner]
+        assert [m.stop_reason for m in replies] == ["tool_use", "end_turn"]
+        assert replies[-1].content[0].text == "1 + 2 = 3."
+    one, two = ep.export["interactions"]
+    assert (one["relation"], two["relation"]) == ("root", "extend") and two["parent_id"] == one["id"]
+    assert two["messages"][-1]["content"] == "3"
+    assert len(engine.requests) == 2  # the refused threaded requests never reached the engine
+
+
+async def test_a_threaded_request_is_refused_in_the_shape_the_sdk_recovers_from(make_app, serve, tokenizer):
+    url = serve(make_app(FakeEngine(tokenizer)))
+    async with episode(url) as ep:
+        with pytest.raises(anthropic.BadRequestError) as exc:
+            await ep.sdk.messages.create(model="tiny", max_tokens=8, messages=USER,
+                                         extra_body={"thread": {"type": "create"}})
+        assert exc.value.body["error"]["details"] == {"error_code": "thread_unsupported_request",
+                                                      "unsupported": ["thread"]}
+        assert exc.value.body["error"]["type"] == "invalid_request_error"
+    assert ep.export["interactions"] == []
+
+
 class _FailsMidStream(FakeEngine):
     async def stream(self, request):
         self.requests.append(request)

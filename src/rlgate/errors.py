@@ -41,7 +41,7 @@ class GatewayError(Exception):
 
     def __init__(
         self, message: str, *, param: str | None = None, code: str | None = None, status: int | None = None,
-        retry_after: int | None = None,
+        retry_after: int | None = None, details: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -50,6 +50,7 @@ class GatewayError(Exception):
         if status is not None:
             self.status = status
         self.retry_after = retry_after
+        self.details = details  # machine-readable detail clients act on (Anthropic's ``error.details``)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -184,7 +185,10 @@ def surface_of(path: str) -> str:
 def error_body(exc: GatewayError, surface: str) -> dict[str, Any]:
     message = exc.message_for(surface)
     if surface == "anthropic":
-        return {"type": "error", "error": {"type": exc.anthropic_type, "message": message}}
+        error: dict[str, Any] = {"type": exc.anthropic_type, "message": message}
+        if exc.details:
+            error["details"] = exc.details
+        return {"type": "error", "error": error}
     return {"error": {"message": message, "type": exc.openai_type, "param": exc.param, "code": exc.code}}
 
 

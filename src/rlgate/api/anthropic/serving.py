@@ -214,7 +214,20 @@ def _tool_choice(body: MessageCreateRequest | CountTokensRequest) -> ToolChoice 
     return modes[tc.type]
 
 
+def refuse_threads(body: MessageCreateRequest | CountTokensRequest) -> None:
+    """Message threads (``thread``: the server keeps the conversation, a request sends only its new
+    messages) are not served: every request must carry the whole conversation for it to be
+    rendered and recorded token for token. The SDKs' tool runner threads by default; refused
+    with ``thread_unsupported_request`` it sends the same turn again unthreaded."""
+    if body.model_extra and "thread" in body.model_extra:
+        raise InvalidRequest(
+            "message threads are not available on rlgate: send the whole conversation in 'messages'",
+            param="thread", code="thread_unsupported_request",
+            details={"error_code": "thread_unsupported_request", "unsupported": ["thread"]})
+
+
 def to_chat_request(body: MessageCreateRequest | CountTokensRequest) -> ChatRequest:
+    refuse_threads(body)
     sampling = Sampling()
     if isinstance(body, MessageCreateRequest):
         sampling = Sampling(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
