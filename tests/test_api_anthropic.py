@@ -9,6 +9,7 @@ import re
 import pytest
 
 from helpers import admin_headers, key_headers, start_session
+from rlgate.api.anthropic.serving import SIGNATURE
 from rlgate.engine.base import EngineError, TokenDelta
 from rlgate.engine.fake import FakeEngine, fake_logprob
 
@@ -240,17 +241,21 @@ async def test_thinking_block_with_reasoning_parser(make_app, asgi_client, token
         _, key = await start_session(c)
         msg = (await c.post("/v1/messages", json=body(tools=[ADD_TOOL]), headers=hdr(key))).json()
         assert [b["type"] for b in msg["content"]] == ["thinking", "text", "tool_use"]
-        assert msg["content"][0] == {"type": "thinking", "thinking": "Add them.", "signature": ""}
+        assert msg["content"][0] == {"type": "thinking", "thinking": "Add them.", "signature": SIGNATURE}
         assert msg["stop_reason"] == "tool_use"
         r = await c.post("/v1/messages", json=body(stream=True), headers=hdr(key))
     events = parse_sse(r.text)
     streamed = assemble(events)
-    assert streamed["content"] == [{"type": "thinking", "thinking": "simple", "signature": ""},
+    assert streamed["content"] == [{"type": "thinking", "thinking": "simple", "signature": SIGNATURE},
                                    {"type": "text", "text": "Done."}]
     # a signature_delta closes the thinking block
     names = [(n, d.get("delta", {}).get("type")) for n, d in events]
     i = names.index(("content_block_delta", "signature_delta"))
     assert names[i + 1][0] == "content_block_stop"
+    start = next(d for n, d in parse_sse(r.text) if n == "content_block_start")  # not rebuilt by assemble()
+    assert start["content_block"] == {"type": "thinking", "thinking": "", "signature": ""}  # as the API: the
+    # signature comes in its delta
+    assert SIGNATURE  # non-empty: clients treat "" as unsigned and re-send the reasoning as user text
 
 
 BAD_REQUESTS = [

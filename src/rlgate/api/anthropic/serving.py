@@ -65,7 +65,11 @@ from rlgate.errors import GatewayError, InvalidRequest, error_body
 log = logging.getLogger("rlgate.api.anthropic")
 
 ID_PREFIX = "msg_"
-SIGNATURE = ""  # thinking blocks carry a signature; rlgate's is empty (nothing to verify)
+# Thinking blocks carry a signature. rlgate has nothing to sign and ignores signatures sent back,
+# but clients treat an empty one as "no signature": pydantic-ai then re-sends the reasoning as a
+# user message (the next turn forks). A constant, opaque, non-empty one (base64 of
+# "rlgate:unsigned") is sent back unchanged, as the API's are.
+SIGNATURE = "cmxnYXRlOnVuc2lnbmVk"
 
 
 def tool_use_id() -> str:
@@ -296,7 +300,7 @@ class BlockBuilder:
         self.blocks.append(block)
         self._open = True
         start = {**block, **({"input": {}} if block["type"] == "tool_use" else {})}
-        for key in ("text", "thinking"):
+        for key in ("text", "thinking", "signature"):  # streamed in deltas (the signature: at the end)
             if key in start:
                 start[key] = ""
         events.append(("content_block_start",
