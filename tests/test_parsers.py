@@ -142,3 +142,17 @@ def test_xml_style_arguments_are_typed_by_the_tool_schema(name):
     (call,) = run(get_tool_parser(name, {"lookup": {"type": "object", "properties": {"n": {"type": "integer"}}}}),
                   XML_CALLS[name].replace(">7<", ">seven<").replace("\n7\n", "\nseven\n"))
     assert json.loads(call.arguments)["n"] == "seven"  # not an integer: what the model wrote
+
+
+def test_a_json_answer_is_no_unparsed_tool_call_unless_the_parser_reads_it_so():
+    """A structured output ({"name": ...}) looks like a Llama 3 call only to the Llama 3 parser; with
+    another parser (or none) it is an answer, not markup left unparsed (it flagged exports and
+    turned /health degraded)."""
+    from rlgate.chat.parsers.base import unparsed_tool_blocks
+
+    answer = '{"name": "Bob", "age": 3}'
+    assert unparsed_tool_blocks(answer) == 0
+    assert unparsed_tool_blocks(answer, "hermes") == 0
+    assert unparsed_tool_blocks(answer, "llama3_json") == 1  # that model's format: a call it failed to parse
+    assert unparsed_tool_blocks('<tool_call>{"name": "add"}</tool_call>') == 1  # markup of any parser counts
+    assert unparsed_tool_blocks("<|python_tag|>x<|python_tag|>y") == 2

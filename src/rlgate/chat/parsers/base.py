@@ -122,13 +122,16 @@ def get_tool_parser(name: str, schemas: Mapping[str, Mapping[str, Any]] | None =
 
 
 def unparsed_tool_blocks(text: str, parser: str | None = None) -> int:
-    """Tool-call blocks left as text in ``text``: in ``parser``'s format, or (None) in the
-    format of any registered parser (the most any one of them finds)."""
+    """Tool-call blocks left as text in ``text``: in ``parser``'s format, or (None) the markup of
+    any registered parser (the most markers any one of them finds). Only the parser that runs
+    applies its looser heuristics (Llama 3's bare ``{"name": ...}`` object): any JSON answer
+    with a "name" key (a structured output) is no tool call of a model that does not use that
+    format."""
     if not text:
         return 0
     if parser is not None:
         return _TOOL_PARSERS[parser].unparsed_blocks(text)
-    return max((cls.unparsed_blocks(text) for cls in set(_TOOL_PARSERS.values())), default=0)
+    return max((sum(text.count(m) for m in cls.markers) for cls in set(_TOOL_PARSERS.values())), default=0)
 
 
 def get_reasoning_parser(name: str, *, starts_in_reasoning: bool = False) -> ReasoningParser:
