@@ -461,8 +461,11 @@ async def test_streaming_events_and_parity_with_the_json_response(make_app, asgi
                 else:
                     assert streamed[key_] == plain[key_], key_
             assert streamed["id"].startswith("msg_") and streamed["id"] != plain["id"]
-            # message_start carries the prompt size; message_delta the output size
+            # message_start carries the prompt size; message_delta the whole usage (cumulative, as the
+            # API sends it: clients that read usage from message_delta alone see the input tokens too)
             assert events[0][1]["message"]["usage"]["input_tokens"] == plain["usage"]["input_tokens"]
+            delta = next(d for n, d in events if n == "message_delta")
+            assert delta["usage"] == plain["usage"]
             texts = [d["delta"]["text"] for n, d in events if n == "content_block_delta"
                      and d["delta"]["type"] == "text_delta"]
             assert all("<tool_call" not in t and "tool_call>" not in t for t in texts)

@@ -372,8 +372,10 @@ async def stream_events(service: GenerationService, prepared: Prepared, model: s
                 for name, data in builder.close():
                     yield sse(data, event=name)
                 reason, sequence = stop_reason(ev)
+                # cumulative usage, input included, as the API now sends it (LangChain's ChatAnthropic
+                # reads streamed usage from message_delta alone: it reported 0 input tokens)
                 yield sse({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                           "usage": {"output_tokens": ev.completion_tokens}}, event="message_delta")
+                           "usage": usage(ev.prompt_tokens, ev.completion_tokens)}, event="message_delta")
                 yield sse({"type": "message_stop"}, event="message_stop")
             else:
                 for name, data in builder.feed(ev):
