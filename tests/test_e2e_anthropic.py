@@ -11,6 +11,7 @@ import json
 import math
 
 import anthropic
+import openai
 import pytest
 from anthropic import AsyncAnthropic
 
@@ -279,3 +280,30 @@ async def test_math_agents_contract_with_scripted_replies(make_app, serve, token
     user_only = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=True,
                                               add_generation_prompt=True)["input_ids"]
     assert engine.requests[0].input_ids == engine.requests[1].input_ids == user_only
+
+
+async def test_sdks_do_not_retry_a_session_that_ended(make_app, serve, tokenizer):
+    """409 session_ended / 410 session_interrupted are final: they say so (x-should-retry: false), and
+    the SDKs, which retry a 409 twice by default, send the request once."""
+    from openai import AsyncOpenAI
+
+    app = make_app(FakeEngine(tokenizer))
+    url = serve(app)
+    registry = app.state.gateway.metrics.registry
+
+    def answered_409() -> float:
+        return sum(registry.get_sample_value("rlgate_requests_total", {"surface": surface, "status": "409",
+                                                                       "streamed": "false"}) or 0.0
+                   for surface in ("chat", "messages"))
+
+    async with GatewayClient(url, ADMIN_KEY) as gw:
+        s = await gw.start_session("retry")
+        await s.end()
+        oai = AsyncOpenAI(base_url=s.base_url, api_key=s.api_key)  # default retries
+        with pytest.raises(openai.ConflictError) as exc:
+            await oai.chat.completions.create(model="m", messages=USER, max_tokens=4)
+        assert exc.value.response.headers["x-should-retry"] == "false"
+        ant = AsyncAnthropic(base_url=s.anthropic_base_url, api_key=s.api_key)
+        with pytest.raises(anthropic.ConflictError):
+            await ant.messages.create(model="m", max_tokens=4, messages=USER)
+    assert answered_409() == 2  # once each: no retries

@@ -110,14 +110,27 @@ class NotFound(GatewayError):
     default_code = "not_found"
 
 
+# The OpenAI and Anthropic SDKs retry a 409 (twice, by default) unless told not to; a session that
+# ended or was interrupted stays so, and a retry only delays the agent's error.
+_FINAL = {"x-should-retry": "false"}
+
+
 class Conflict(GatewayError):
     status = 409
     default_code = "conflict"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {**super().headers, **_FINAL}
 
 
 class Gone(GatewayError):
     status = 410
     default_code = "gone"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {**super().headers, **_FINAL}
 
 
 class PayloadTooLarge(GatewayError):
