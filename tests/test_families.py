@@ -257,6 +257,9 @@ async def test_one_chain_per_conversation(family_dirs, family_tokenizer, family,
     for k in range(1, 5):
         prev = reqs[k - 1].input_ids + script[k - 1]
         assert reqs[k].input_ids[: len(prev)] == prev
+        if replies[k - 1].get("tool_calls"):  # the call is in the parent's output: the bridge does not repeat it
+            bridge = tok.decode(reqs[k].input_ids[len(prev):])
+            assert '"a"' not in bridge and '"b"' not in bridge, (family, bridge)
     assert sample["input_ids"] == reqs[4].input_ids + script[4]
 
 

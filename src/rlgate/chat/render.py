@@ -254,10 +254,9 @@ class ChatRenderer:
         ``max_chars`` bounds the bridge text (:class:`PromptTooLong`)."""
         suffix = self.assistant_suffix(tools, template_kwargs, cache_key, cache)
         glue = suffix
-        if parent.stop_text:
-            close = self.close_aliases.get(parent.stop_text, parent.stop_text)
-            if suffix.startswith(close):
-                glue = suffix[len(close):]
+        close = self.close_aliases.get(parent.stop_text, parent.stop_text) if parent.stop_text else ""
+        if close and suffix.startswith(close):
+            glue = suffix[len(close):]
         reply = Message(role="assistant", content=[TextPart(_SENTINEL)], tool_calls=list(parent.reply.tool_calls))
         base = ([leading_system] if leading_system is not None else []) + [_PLACEHOLDER_USER, reply]
         full = self.render_text(base + new_messages, tools, template_kwargs=template_kwargs)
@@ -265,6 +264,14 @@ class ChatRenderer:
         end = full.find(suffix, at + len(_SENTINEL)) if at >= 0 else -1
         if end < 0:
             raise BridgeError("the chat template does not render the parent's reply verbatim")
+        if close:
+            # The turn ends where the template writes the stop token the parent generated, when that
+            # comes after the first suffix: gpt-oss closes the reply's analysis block with <|end|>
+            # (the suffix), then writes the tool call, ended by <|call|> (the parent's stop). Both
+            # are in the parent's output already; the bridge starts after them.
+            stop = full.find(close, at + len(_SENTINEL))
+            if stop > end:
+                return self._encode_bounded(full[stop + len(close):], max_chars)
         return self._encode_bounded(glue + full[end + len(suffix):], max_chars)
 
 
