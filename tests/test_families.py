@@ -397,3 +397,42 @@ def test_serve_detects_and_prints_the_family(family_dirs, family):
                         "--port", str(free_port()), "--renderer", "no-such-family"],
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "unknown renderer 'no-such-family'" in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("family", _params(["qwen3", "qwen3_2507_thinking", "qwen3_5"]))
+async def test_a_reply_that_ends_inside_its_reasoning_is_extended(family_dirs, family_tokenizer, family):
+    """The ``renderers`` package declines to bridge a Qwen3 turn that ended inside an unclosed
+    <think> block; the checkpoint's template bridges it, instead of a fork (template_not_incremental)."""
+    import httpx
+
+    from rlgate.config import GatewayConfig
+    from rlgate.engine.fake import FakeEngine
+    from rlgate.model import stop_token_ids
+    from rlgate.server.app import create_app
+    from rlgate.store.base import MemoryStore
+
+    path = family_dirs(family)
+    tok = family_tokenizer(path)
+    end = [tok.convert_tokens_to_ids("<|im_end|>")]
+    pre = "<think>\n" if family == "qwen3" else ""  # the others' generation prompt opens it
+    first = tok.encode(pre + "Thinking forever", add_special_tokens=False) + end
+    second = tok.encode(pre + "x\n</think>\n\nHi.", add_special_tokens=False) + end
+    engine = FakeEngine(tok, script=[first, second])
+    app = create_app(GatewayConfig(admin_key=ADMIN_KEY), engine, MemoryStore(), tok,
+                     stop_token_ids=stop_token_ids(tok, path))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as c:
+        sid, key = await start_session(c)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+        r = await c.post("/v1/chat/completions", json={"messages": messages}, headers=key_headers(key))
+        reply = r.json()["choices"][0]["message"]
+        assert reply["reasoning_content"] and not reply["content"]
+        messages += [{"role": "assistant", "content": reply["content"]}, {"role": "user", "content": "again"}]
+        r = await c.post("/v1/chat/completions", json={"messages": messages}, headers=key_headers(key))
+        assert r.status_code == 200, r.text
+        await c.post("/rl/end_session", headers=key_headers(key))
+        r = await c.post("/export_trajectories", json={"session_id": sid}, headers=admin_headers())
+    turns = r.json()["interactions"]
+    assert [(t["relation"], t.get("fork_reason")) for t in turns] == [("root", None), ("extend", None)]
+    prev = engine.requests[0].input_ids + first
+    assert engine.requests[1].input_ids[: len(prev)] == prev
+    assert tok.decode(engine.requests[1].input_ids[len(prev):]).startswith("\n<|im_start|>user\nagain<|im_end|>")

@@ -84,6 +84,7 @@ class RenderersRenderer:
         self._renderers: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._renderer({})  # fail at startup, not on the first request
+        self._jinja: Any = None  # the checkpoint's own template, when the package declines a bridge
 
     def _renderer(self, template_kwargs: dict[str, Any] | None) -> Any:
         key = canonical_json(template_kwargs or {})
@@ -129,6 +130,7 @@ class RenderersRenderer:
         check_chars_of(new_messages, max_chars)
         r = self._renderer(template_kwargs)
         head = parent.prompt_ids + parent.output_ids
+        given = new_messages
         if self._prepare is not None:
             new_messages = self._prepare(new_messages, parent, self.tokenizer)
         try:
@@ -137,11 +139,31 @@ class RenderersRenderer:
         except (ValueError, TypeError, KeyError, AssertionError) as exc:
             raise BridgeError(f"the {self.name} renderer could not bridge: {exc}") from exc
         if out is None:
-            raise BridgeError(f"the {self.name} renderer cannot append these messages to the parent's tokens")
+            # The package declines some turns it could append to (Qwen3: a reply that ended inside
+            # unclosed reasoning); the checkpoint's own template bridges those (the generic
+            # sentinel bridge), instead of a new root.
+            return self._jinja_bridge(parent, leading_system, given, tools, template_kwargs, cache_key, cache,
+                                      max_chars)
         ids = list(out.token_ids)
         if ids[: len(head)] != head:
             raise BridgeError(f"the {self.name} bridge rewrote the parent's tokens")
         return ids[len(head):] + self._prefix_ids
+
+    def _jinja_bridge(self, parent: ParentTurn, leading_system: Message | None, new_messages: list[Message],
+                      tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None, cache_key: str | None,
+                      cache: RenderCache | None, max_chars: int | None) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise BridgeError(f"the {self.name} renderer cannot append these messages to the parent's tokens")
+        with self._lock:
+            if self._jinja is None:
+                from rlgate.chat.render import ChatRenderer
+
+                self._jinja = ChatRenderer(self.tokenizer, reasoning_start=self.reasoning_start)
+        # its own cache entries: the template's assistant suffix, not the package's
+        key = f"jinja:{cache_key}" if cache_key is not None else None
+        return list(self._jinja.bridge_ids(parent=parent, leading_system=leading_system, new_messages=new_messages,
+                                           tools=tools, template_kwargs=template_kwargs, cache_key=key, cache=cache,
+                                           max_chars=max_chars))
 
     def reasoning_open(self, prompt_ids: list[int]) -> bool:
         if not self.reasoning_start or not prompt_ids:
