@@ -362,6 +362,18 @@ async def test_a_response_head_leaves_with_its_body():
     assert t.writes[-1] == b"HTTP/1.1 204 No Content\r\n\r\n" and t.closed
 
 
+def _read_response(s: socket.socket) -> bytes:
+    """What the server sends on ``s`` until one response is complete (or 30 s pass, or it closes)."""
+    data = b""
+    deadline = time.monotonic() + 30
+    while not _complete(data) and time.monotonic() < deadline:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def test_head_expect_continue_and_connection_close_still_answer(make_app):
     app = make_app()
     with ServerThread(app) as url:
@@ -377,13 +389,7 @@ def test_head_expect_continue_and_connection_close_still_answer(make_app):
             interim = s.recv(65536)
             assert interim.startswith(b"HTTP/1.1 100"), interim[:200]
             s.sendall(body)
-            data = b""
-            deadline = time.monotonic() + 30
-            while not _complete(data) and time.monotonic() < deadline:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+            data = _read_response(s)
         assert data.startswith(b"HTTP/1.1 200"), data[:300]
         assert json_body(data)["usage"]["completion_tokens"] >= 1
         with httpx.Client(base_url=url, headers={"Connection": "close"}) as c:
@@ -408,13 +414,7 @@ def test_expect_continue_gets_the_refusal_before_sending_its_body(make_app, why,
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as s:
             s.sendall(head)
-            data = b""
-            deadline = time.monotonic() + 30
-            while not _complete(data) and time.monotonic() < deadline:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+            data = _read_response(s)
         status = {"unknown key": b"401", "body over the limit": b"413"}[why]
         assert data.startswith(b"HTTP/1.1 " + status), data[:300]
         assert b"100 Continue" not in data
