@@ -99,9 +99,11 @@ def _assert_claude_code_export_matches(exp: dict, transcript) -> list[dict]:
         calls = [(b["id"], b["name"], b["input"]) for b in blocks if b["type"] == "tool_use"]
         assert (out["content"] or "") == text
         assert [_export_call(c) for c in out.get("tool_calls") or []] == calls
-    # usage: Claude Code sums what each response reported
-    assert result["usage"]["input_tokens"] == sum(_prompt_tokens(by_id[m]) for m in seen)
-    assert result["usage"]["output_tokens"] == sum(_completion_tokens(by_id[m]) for m in seen)
+    # usage: Claude Code sums what each response reported, including responses it does not print
+    # (with the tiny model's random replies it sometimes sends a second request whose reply it does
+    # not show: CI saw 4031 input tokens against 2042 printed); each of them is recorded
+    assert result["usage"]["input_tokens"] == sum(_prompt_tokens(i) for i in exp["interactions"])
+    assert result["usage"]["output_tokens"] == sum(_completion_tokens(i) for i in exp["interactions"])
     return events
 
 
@@ -111,7 +113,8 @@ def _assert_codex_export_matches(exp: dict, transcript) -> list[dict]:
     assert len(done) == 1, events
     interactions = [i for i in exp["interactions"] if i["api"] == "responses"]
     messages = [e["item"]["text"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == "agent_message"]
-    assert messages and messages[-1] == (interactions[-1]["output_message"]["content"] or "")
+    # an empty last reply (the tiny model's stop token first) prints no agent message
+    assert (messages[-1] if messages else "") == (interactions[-1]["output_message"]["content"] or "")
     usage = done[0]["usage"]
     assert usage["input_tokens"] == sum(_prompt_tokens(i) for i in interactions)
     assert usage["output_tokens"] == sum(_completion_tokens(i) for i in interactions)
@@ -188,4 +191,8 @@ async def test_tiny_model_serves_the_real_clis(clis, make_app, brief_model_dir, 
         _assert_claude_code_export_matches(exp, transcript)
     else:
         _assert_codex_export_matches(exp, transcript)
-    assert exp["stats"]["fork"] == 0 and exp["stats"]["failed"] == 0
+    # The tiny model's random reply is sometimes empty (the stop token first); the CLI then sends the
+    # same request again: a second branch from the same messages (fork, no_prefix_match)
+    empty = sum(1 for i in exp["interactions"]
+                if not (i["output_message"] or {}).get("content") and not (i["output_message"] or {}).get("tool_calls"))
+    assert exp["stats"]["fork"] <= empty and exp["stats"]["failed"] == 0, exp["stats"]
