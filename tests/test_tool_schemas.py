@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from helpers import admin_headers, key_headers
+from helpers import key_headers, start_session
 from rlgate.api.common import check_tool_schema, nesting_depth_over
 from rlgate.errors import InvalidRequest
 
@@ -115,8 +115,7 @@ async def test_nothing_a_schema_names_is_fetched(make_app, asgi_client, witness)
     schema = {"$schema": f"{url}/meta", "$id": f"{url}/root", "type": "object",
               "properties": {"a": {"$ref": f"{url}/a.json"}, "b": {"$dynamicRef": f"{url}/b#x"}}}
     async with asgi_client(make_app()) as c:
-        r = await c.post("/rl/start_session", json={"task_id": "t"}, headers=admin_headers())
-        h = key_headers(r.json()["api_key"])
+        h = key_headers((await start_session(c))[1])
         for path, body in _bodies(schema).items():
             r = await c.post(path, json=body, headers=h)
             assert r.status_code == 200, (path, r.text)
@@ -126,8 +125,7 @@ async def test_nothing_a_schema_names_is_fetched(make_app, asgi_client, witness)
 async def test_an_invalid_schema_is_refused_in_each_surface_shape(make_app, asgi_client):
     schema = {"type": "object", "properties": {"a": {"anyOf": [{}] * 4999 + [{"type": 5}]}}}
     async with asgi_client(make_app()) as c:
-        r = await c.post("/rl/start_session", json={"task_id": "t"}, headers=admin_headers())
-        h = key_headers(r.json()["api_key"])
+        h = key_headers((await start_session(c))[1])
         for path, body in _bodies(schema).items():
             r = await c.post(path, json=body, headers=h)
             assert r.status_code == 400, (path, r.text)
@@ -156,8 +154,7 @@ async def test_a_large_tool_list_renders_off_the_event_loop(make_app, asgi_clien
     pool.run = counting
     props = {f"p{i}": {"type": "string", "description": "x" * 40} for i in range(600)}  # ~40 KB of tools
     async with asgi_client(app) as c:
-        r = await c.post("/rl/start_session", json={"task_id": "t"}, headers=admin_headers())
-        h = key_headers(r.json()["api_key"])
+        h = key_headers((await start_session(c))[1])
         small = {"type": "object", "properties": {"a": {"type": "string"}}}
         for schema, pooled in ((small, 0), ({"type": "object", "properties": props}, 1)):
             body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tools": [
