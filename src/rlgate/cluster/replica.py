@@ -43,6 +43,8 @@ from typing import Any, TypeVar
 from rlgate.cluster.engines import EngineSpec
 from rlgate.cluster.keys import ReplicaNaming, derive_routing_secret
 from rlgate.config import GatewayConfig
+from rlgate.engine.base import Engine
+from rlgate.engine.capabilities import Pausable, VersionRestorable
 from rlgate.store.base import StoreOptions, Synchronous
 
 log = logging.getLogger("rlgate.cluster.replica")
@@ -119,7 +121,7 @@ class GatewayReplica:
         self.spec = spec
         self.started_at = time.time()
         tokenizer = load_tokenizer(spec.model)
-        self.engine = spec.engine(tokenizer, index)
+        self.engine: Engine = spec.engine(tokenizer, index)
         if spec.data_dir is None:
             store = open_store(":memory:")
         else:
@@ -208,9 +210,8 @@ class GatewayReplica:
         self._paused_at = time.monotonic()
 
     async def _pause_engine(self) -> None:
-        pause = getattr(self.engine, "pause_generation", None)
-        if pause is not None:
-            await pause()
+        if isinstance(self.engine, Pausable):  # else the closed admission gate is the only barrier
+            await self.engine.pause_generation()
 
     def load(self, path: str, version: int) -> int:
         """Load ``path`` into the engine (generation is paused) as weight version ``version``."""
@@ -235,9 +236,8 @@ class GatewayReplica:
         return int(self.engine.version)
 
     async def _resume_engine(self) -> None:
-        resume = getattr(self.engine, "continue_generation", None)
-        if resume is not None:
-            await resume()
+        if isinstance(self.engine, Pausable):
+            await self.engine.continue_generation()
 
     def mark(self, state: str, reason: str = "") -> None:
         """Set the replica's state as the controller sees it (``stale`` after a failed load)."""
@@ -249,11 +249,10 @@ class GatewayReplica:
         self.server.stop()
 
 
-def _restore_version(engine: Any, version: int) -> None:
-    restore = getattr(engine, "restore_version", None)
-    if restore is None:
+def _restore_version(engine: Engine, version: int) -> None:
+    if not isinstance(engine, VersionRestorable):
         raise RuntimeError(f"{type(engine).__name__} cannot set its weight version to {version}")
-    restore(version)
+    engine.restore_version(version)
 
 
 def _node_ip() -> str:

@@ -19,7 +19,7 @@ import json
 import os
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlgate.engine.base import (
     EngineError,
@@ -259,3 +259,11 @@ class ToolRoundScript:
         args = {k: self._value(props.get(k)) for k in params.get("required") or []}
         self.calls.append({"name": tool["name"], "arguments": args})
         return "<tool_call>\n" + json.dumps({"name": tool["name"], "arguments": args}) + "\n</tool_call>"
+
+
+if TYPE_CHECKING:  # mypy checks that FakeEngine has these capabilities (engine/capabilities.py)
+    from rlgate.engine.base import Engine
+    from rlgate.engine.capabilities import Pausable, VersionRestorable
+
+    def _capabilities(engine: FakeEngine) -> tuple[Engine, Pausable, VersionRestorable]:
+        return engine, engine, engine

@@ -33,6 +33,7 @@ from rlgate.core.generation import GenerationService
 from rlgate.core.naming import SessionNaming
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine
+from rlgate.engine.capabilities import HasStats, QueueWaitObservable
 from rlgate.metrics.gateway import GatewayMetrics
 from rlgate.server.auth_gate import AuthGateMiddleware
 from rlgate.server.body_limit import BodyLimitMiddleware
@@ -40,7 +41,7 @@ from rlgate.server.durability import DurabilityMiddleware
 from rlgate.server.inflight import InFlight, InFlightMiddleware
 from rlgate.server.metrics_http import MetricsServer
 from rlgate.server.request_metrics import RequestMetricsMiddleware
-from rlgate.store.base import Store
+from rlgate.store.base import HasWriteStats, Store
 
 log = logging.getLogger("rlgate.server")
 
@@ -209,13 +210,12 @@ def _bind_metrics(metrics: GatewayMetrics, sessions: SessionManager, engine: Eng
     """Point the scrape-time collectors at the numbers kept by the sessions, engine and store."""
     metrics.bind(session_counters=lambda: sessions.metrics, sessions_by_status=sessions.sessions_by_status,
                  engine_version=lambda: engine.version)
-    stats = getattr(engine, "stats", None)
-    if callable(stats):  # the local engine: batch occupancy
-        metrics.bind(engine_stats=stats)
-    if hasattr(engine, "on_queue_wait"):
+    if isinstance(engine, HasStats):  # the local engine: batch occupancy
+        metrics.bind(engine_stats=engine.stats)
+    if isinstance(engine, QueueWaitObservable):
         engine.on_queue_wait = metrics.queue_seconds.observe
-    if isinstance(getattr(store, "stats", None), dict):  # SQLiteStore: writes and failed writes
-        metrics.bind(store_stats=lambda: store.stats)  # type: ignore[attr-defined]
+    if isinstance(store, HasWriteStats):  # SQLiteStore: writes and failed writes
+        metrics.bind(store_stats=lambda: store.stats)
 
 
 async def _poll_guards_forever(metrics: GatewayMetrics, interval: float) -> None:

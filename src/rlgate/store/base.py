@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from rlgate.config import option
 from rlgate.trajectory.interaction import Interaction, Session
@@ -79,6 +79,15 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Flush, then release the store. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class HasWriteStats(Protocol):
+    """A store that counts its writes (``SQLiteStore``: commits, writes, failed writes, fsyncs) for the metrics."""
+
+    @property
+    def stats(self) -> dict[str, int]:
         ...
 
 

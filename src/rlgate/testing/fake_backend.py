@@ -35,6 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from rlgate.engine.base import EngineError, GenerateRequest, TokenDelta
+from rlgate.engine.capabilities import HasModel
 
 log = logging.getLogger("rlgate.testing.fake")
 
@@ -223,9 +224,9 @@ class FakeBackend:
 
     async def _raw(self, seq: list[int], n: int) -> list[float]:
         """log_softmax(logits) of the last ``n`` tokens of ``seq`` (teacher-forced, no temperature)."""
-        model = getattr(self.engine, "model", None)
-        if model is None:
+        if not isinstance(self.engine, HasModel):
             raise EngineError("raw logprobs need a LocalEngine-backed fake", status=500)
+        model = self.engine.model
 
         def run() -> list[float]:
             import torch

@@ -39,6 +39,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from rlgate.engine.base import EngineError, GenerateRequest, SamplingParams
+from rlgate.engine.capabilities import HasModel
 from rlgate.testing.fake_backend import (
     SSE_DONE,
     Event,
@@ -76,7 +77,7 @@ def create_app(engine: Any, *, tokenizer: Any = None, model_path: str, model_nam
         raise ValueError("the fake supports raw_logprobs and processed_logprobs")
     fb = FakeBackend(engine, tokenizer=tokenizer, model_path=model_path, model_name=model_name or model_path,
                      max_model_len=max_model_len or engine.max_context_length, chunk_delay=chunk_delay,
-                     raw_logprobs=logprobs_mode == "raw_logprobs" and hasattr(engine, "model"))
+                     raw_logprobs=logprobs_mode == "raw_logprobs" and isinstance(engine, HasModel))
     pending_path: dict[str, str] = {}
     quiet_injected_resets()
 

@@ -39,6 +39,7 @@ from rlgate.api.control.protocol import (
 )
 from rlgate.core.gateway import Gateway
 from rlgate.engine.base import EngineError
+from rlgate.engine.capabilities import DescribesBackends
 from rlgate.errors import InvalidRequest, NotFound, PermissionDenied
 
 log = logging.getLogger("rlgate.server")
@@ -144,7 +145,7 @@ async def metrics(request: Request) -> dict[str, Any]:
         "sessions": len(g.sessions.sessions),
         "capacity": g.sessions.capacity,
         "engine_version": g.engine.version,
-        **({"engine": g.engine.describe()} if hasattr(g.engine, "describe") else {}),  # remote: backends
+        **({"engine": g.engine.describe()} if isinstance(g.engine, DescribesBackends) else {}),  # remote: backends
     }
 
 @router.get("/metrics", tags=["control"], response_class=Response,
@@ -163,7 +164,7 @@ async def health(request: Request) -> dict[str, Any]:
     body: dict[str, Any] = {"status": "ok", "version": g.engine.version,
                             "uptime_s": round(time.time() - g.started_at, 3)}
     reasons = g.metrics.degraded()
-    if hasattr(g.engine, "describe"):  # remote engines: backend counts only (URLs are in /rl/metrics)
+    if isinstance(g.engine, DescribesBackends):  # remote engines: backend counts only (URLs are in /rl/metrics)
         states = [b["state"] for b in g.engine.describe()["backends"]]
         body["backends"] = {"total": len(states), "healthy": states.count("healthy")}
         if "healthy" not in states:

@@ -471,3 +471,12 @@ class LocalEngine(StreamingEngineMixin):
             req.finish_with(TokenDelta([], [], [], "abort"))
         for command in commands:
             command.fail(EngineError("the engine was closed", status=503, code="engine_unavailable"))
+
+
+if TYPE_CHECKING:  # mypy checks that LocalEngine has these capabilities (engine/capabilities.py)
+    from rlgate.engine.base import Engine
+    from rlgate.engine.capabilities import HasModel, HasStats, Pausable, QueueWaitObservable, VersionRestorable
+
+    def _capabilities(engine: LocalEngine) -> tuple[Engine, Pausable, VersionRestorable, HasStats,
+                                                    QueueWaitObservable, HasModel]:
+        return engine, engine, engine, engine, engine, engine

@@ -54,7 +54,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import AsyncGenerator, Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
 
@@ -525,3 +525,11 @@ def _continuation(request: GenerateRequest, produced: list[int], attempt: int) -
     sampling = dataclasses.replace(request.sampling, max_new_tokens=request.sampling.max_new_tokens - len(produced))
     rid = f"{request.request_id}-resume{attempt}" if request.request_id else ""
     return GenerateRequest(list(request.input_ids) + produced, sampling, request_id=rid, session_id=request.session_id)
+
+
+if TYPE_CHECKING:  # mypy checks that RemoteEngine has these capabilities (engine/capabilities.py)
+    from rlgate.engine.base import Engine
+    from rlgate.engine.capabilities import DescribesBackends, Pausable, VersionRestorable
+
+    def _capabilities(engine: RemoteEngine) -> tuple[Engine, Pausable, VersionRestorable, DescribesBackends]:
+        return engine, engine, engine, engine
