@@ -161,7 +161,7 @@ async def test_hundreds_of_sessions_and_a_weight_update_no_client_notices(cluste
             assert r.status_code == 200, r.text
             mixed += check_trajectory(r.json(), conv, tokenizer, stop_ids, versions_seen)
         assert versions_seen == {start_version, new_version}
-        health = (await admin.get("/health")).json()
+        health = (await admin.get("/health", headers=admin_headers())).json()
         assert health["status"] == "ok" and health["version"] == new_version
         print(f"\n{sessions} sessions x {turns} turns in {elapsed:.1f} s; {mixed} turns straddled the update")
 

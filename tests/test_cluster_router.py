@@ -78,7 +78,8 @@ class Deployment:
         self.urls = [s.start() for s in self.servers]
         self.directory = StaticDirectory(self.urls, ADMIN_KEY)
         self.table = ReplicaTable(self.directory, interval=0.1, timeout=2.0)
-        self.router = Router(self.table, admin_key=ADMIN_KEY)
+        self.config = GatewayConfig(admin_key=ADMIN_KEY, **config)  # the router applies the replicas' limits
+        self.router = Router(self.table, admin_key=ADMIN_KEY, config=self.config)
         self.router_server = ServerThread(self.router)
         self.url = self.router_server.start()
 
@@ -106,7 +107,7 @@ async def _start(c: httpx.AsyncClient, task: str = "t", **body) -> tuple[str, st
 async def _until_state(c: httpx.AsyncClient, index: int, state: str, timeout: float = 30.0) -> dict:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
-        health = (await c.get("/health")).json()
+        health = (await c.get("/health", headers=admin_headers())).json()
         if health["replicas"][index]["state"] == state:
             return health
         assert asyncio.get_running_loop().time() < deadline, health
@@ -135,7 +136,7 @@ async def test_sessions_spread_and_stick_to_their_replica(deployment):
         assert len(inters) == 2 and inters[-1]["reward"] == 1.0
         assert sum(len(e.requests) for e in deployment.engines) == 2
         assert len(deployment.engines[replicas[0]].requests) == 2
-        r = await c.get("/health")
+        r = await c.get("/health", headers=admin_headers())
         body = r.json()
         assert body["status"] == "ok" and [x["index"] for x in body["replicas"]] == [0, 1, 2]
         assert all({"node", "pid", "state", "load"} <= set(x) for x in body["replicas"])

@@ -187,14 +187,6 @@ def engine_failure(message: str, *, status: int, code: str | None) -> GatewayErr
     return UpstreamError(message, code=code, status=status)
 
 
-ANTHROPIC_PREFIX = "/v1/messages"
-
-
-def surface_of(path: str) -> str:
-    """``"anthropic"`` for Anthropic routes, else ``"openai"``."""
-    return "anthropic" if path.startswith(ANTHROPIC_PREFIX) else "openai"
-
-
 def error_body(exc: GatewayError, surface: str) -> dict[str, Any]:
     message = exc.message_for(surface)
     if surface == "anthropic":

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse
 from rlgate.chat.conversation import ToolSpec
 from rlgate.errors import InvalidRequest
 from rlgate.json_text import dumps
+from rlgate.surfaces import sse_frame
 
 log = logging.getLogger("rlgate.api")
 
@@ -253,10 +254,7 @@ class JsonResponse(JSONResponse):
         return dumps(content)
 
 
-def sse(data: Any, event: str | None = None) -> bytes:
-    payload = dumps(data)
-    head = b"event: " + event.encode() + b"\n" if event else b""
-    return head + b"data: " + payload + b"\n\n"
+sse = sse_frame  # one SSE encoder for the gateway and the router (rlgate.surfaces)
 
 
 MAX_REPORTED_PARAMS = 32  # names in the header / log line; the rest is counted

@@ -11,20 +11,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlgate.api.common import JsonResponse, describe_errors
 from rlgate.core.request_scope import undo_changes
-from rlgate.errors import GatewayError, InternalError, InvalidRequest, Unavailable, error_body, from_status, surface_of
+from rlgate.errors import GatewayError, InternalError, InvalidRequest, Unavailable, error_body, from_status
 from rlgate.store.base import StoreError
+from rlgate.surfaces import error_shape, is_api_path
 
 log = logging.getLogger("rlgate.server")
 
 
 def _error_response(request: Request, exc: GatewayError, headers: Mapping[str, str] | None = None) -> JsonResponse:
-    return JsonResponse(error_body(exc, surface_of(request.url.path)), status_code=exc.status,
+    return JsonResponse(error_body(exc, error_shape(request.url.path)), status_code=exc.status,
                         headers={**exc.headers, **(headers or {})})
-
-
-def _is_api_route(path: str) -> bool:
-    return path.endswith(("/chat/completions", "/responses", "/messages", "/messages/count_tokens")) or \
-        path.startswith("/v1/")
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -40,7 +36,7 @@ def install_error_handlers(app: FastAPI) -> None:
                 f"the request body is not valid JSON: {errs[0].get('msg')}", code="invalid_json"))
         msg, loc = describe_errors(errs, {"body": exc.body}, skip=("body",))
         # API surfaces answer 400 (as OpenAI / Anthropic do); control routes 422 (as the original).
-        status = 400 if _is_api_route(request.url.path) else 422
+        status = 400 if is_api_path(request.url.path) else 422
         return _error_response(request, InvalidRequest(msg, param=loc, status=status))
 
     @app.exception_handler(StoreError)

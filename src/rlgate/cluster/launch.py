@@ -169,7 +169,7 @@ class Cluster:
         self.controller = WeightController(self.actors, table)
         secret = self.spec.routing_secret or derive_routing_secret(self.spec.config.admin_key)
         self.router = Router(table, admin_key=self.spec.config.admin_key, routing_secret=secret,
-                             update_weights=self.controller.update, max_body_bytes=self.spec.config.max_body_bytes)
+                             update_weights=self.controller.update, config=self.spec.config)
         return self.router
 
     def start_router(self, host: str = "127.0.0.1", port: int = 0) -> str:

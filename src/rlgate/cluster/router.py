@@ -36,25 +36,22 @@ updates); see docs/architecture.md for why and for the measurements.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import asyncio
 import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from rlgate.api.auth import ADMIN_ONLY_PATHS
+from rlgate.cluster import router_metrics
 from rlgate.cluster.directory import ReplicaInfo, ReplicaTable
-from rlgate.cluster.keys import (
-    derive_routing_secret,
-    hashed_replica,
-    is_minted,
-    key_replica,
-    session_id_replica,
-)
+from rlgate.cluster.keys import is_minted, session_id_replica
+from rlgate.cluster.router_edge import RouterKeys, bearer_token, edge_app, missing_key
+from rlgate.cluster.router_viewer import RouterViewer
 from rlgate.cluster.upstream import Upstream, UpstreamUnavailable
+from rlgate.config import GatewayConfig
 from rlgate.errors import (
-    AuthenticationFailed,
     GatewayError,
     InvalidRequest,
     NotFound,
@@ -62,8 +59,8 @@ from rlgate.errors import (
     PermissionDenied,
     Unavailable,
     error_body,
-    surface_of,
 )
+from rlgate.surfaces import RESPONSES, ResponsesStream, error_shape, find_last_seq, surface_for
 
 log = logging.getLogger("rlgate.cluster.router")
 
@@ -76,25 +73,6 @@ _HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trai
                b"proxy-authorization", b"proxy-connection", b"content-length", b"host"}
 WHOLE_RESPONSE_BYTES = 1024 * 1024  # responses up to this size go back in one piece; larger ones stream
 _ADMIN_SESSION_ROUTES = {"/export_trajectories", "/rl/set_reward"}
-_ADMIN_ONLY = {"/rl/start_session", "/grant_capacity", "/export_trajectories", "/rl/update_weights", "/rl/metrics",
-               "/rl/collect"}
-
-
-def _token(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """``Authorization: Bearer`` (scheme case-insensitive) or ``x-api-key``, as the gateway reads them."""
-    auth = key = None
-    for name, value in headers:
-        if name == b"authorization":
-            auth = value
-        elif name == b"x-api-key":
-            key = value
-    if auth:
-        scheme, _, tok = auth.decode("latin-1").strip().partition(" ")
-        if scheme.lower() == "bearer" and tok.strip():
-            return tok.strip()
-    if key and key.strip():
-        return key.decode("latin-1").strip()
-    return None
 
 
 class Router:
@@ -105,18 +83,24 @@ class Router:
         admin_key: str,
         routing_secret: bytes | None = None,
         update_weights: WeightUpdater | None = None,
-        max_body_bytes: int = 32 * 1024 * 1024,
+        config: GatewayConfig | None = None,
         upstream: Upstream | None = None,
         rng: random.Random | None = None,
     ) -> None:
+        """``config``: the replicas' gateway settings; the router applies the same body limits and
+        timeouts (``max_body_bytes``, ``body_timeout``, ``max_buffered_body_bytes``) and serves the
+        viewer when ``config.ui``."""
         self.table = table
-        self._admin_digest = hashlib.sha256(admin_key.encode()).digest()
-        self._secret = routing_secret or derive_routing_secret(admin_key)
+        self.config = config or GatewayConfig(admin_key=admin_key)
+        self.keys = RouterKeys(admin_key, routing_secret, lambda: len(self.table.replicas), self._confirm_key)
         self._update_weights = update_weights
-        self.max_body_bytes = max_body_bytes
+        self.max_body_bytes = self.config.max_body_bytes
         self.upstream = upstream or Upstream()
         self._rng = rng or random.Random()
         self.forwarded = 0
+        self.viewer = RouterViewer(self.upstream, self.table, self.config, admin_key, self.is_admin, self._forward) \
+            if self.config.ui else None
+        self.edge = edge_app(self._http, self.keys, self.config)  # keys before bodies, body limits
 
     # ------------------------------------------------------------------ ASGI
 
@@ -126,11 +110,16 @@ class Router:
             return
         if scope["type"] != "http":
             return
+        await self.edge(scope, receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         try:
             await self._dispatch(scope, receive, send, path)
         except GatewayError as exc:
-            await _send_json(send, exc.status, error_body(exc, surface_of(path)))
+            await _send_raw(send, exc.status, [(b"content-type", b"application/json"),
+                                               *((k.encode(), v.encode()) for k, v in exc.headers.items())],
+                            json.dumps(error_body(exc, error_shape(path))).encode())
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -150,19 +139,42 @@ class Router:
                 return
 
     def is_admin(self, token: str | None) -> bool:
-        return token is not None and hmac.compare_digest(hashlib.sha256(token.encode()).digest(),
-                                                         self._admin_digest)
+        return self.keys.is_admin(token)
+
+    async def _confirm_key(self, index: int, token: str) -> int | None:
+        """The status replica ``index`` answers ``GET /v1/models`` with ``token`` (None: unreachable):
+        how the edge confirms a client-chosen key before a body is read (cluster/router_edge.py)."""
+        r = self.table.replicas[index]
+        if r.state == "down" or not r.url:
+            return None
+        try:
+            status, _, _ = await self.upstream.call(r.url, "GET", "/v1/models",
+                                                    [(b"authorization", b"Bearer " + token.encode())], b"")
+        except UpstreamUnavailable as exc:
+            self.table.mark_down(r, str(exc))
+            return None
+        return status
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         method: str = scope["method"]
         headers: list[tuple[bytes, bytes]] = scope["headers"]
-        if path == "/health" and method == "GET":
-            await _send_json(send, 200, self.health())
-            return
-        token = _token(headers)
+        token = bearer_token(headers)
         admin = self.is_admin(token)
-        if path in _ADMIN_ONLY:  # as a gateway answers: 401 without a key, 403 with another one
+        if path == "/health" and method == "GET":
+            await _send_json(send, 200, self.health(full=admin))
+            return
+        if self.viewer is not None and (path == "/ui" or path.startswith("/ui/")):
+            await self.viewer.handle(scope, receive, send, admin)
+            return
+        if path in ADMIN_ONLY_PATHS:  # as a gateway answers: 401 without a key, 403 with another one
             self._require_admin(admin, token)
+        if path == "/metrics" and method == "GET":
+            text = await router_metrics.cluster_exposition(self.upstream, self.table, self.forwarded, headers)
+            await _send_raw(send, 200, [(b"content-type", router_metrics.CONTENT_TYPE.encode())], text)
+            return
+        if path == "/rl/collect" and method == "POST":
+            await _send_json(send, 200, await self._collect(headers, await self._body(receive, path)))
+            return
         if path == "/rl/update_weights" and method == "POST" and self._update_weights is not None:
             await self._update(admin, token, await self._body(receive, path), send)
             return
@@ -189,13 +201,7 @@ class Router:
     # ------------------------------------------------------------------ choosing a replica
 
     def _replica_of_key(self, token: str) -> ReplicaInfo:
-        if is_minted(token):
-            index = key_replica(self._secret, token)
-            if index is None or index >= len(self.table.replicas):
-                raise AuthenticationFailed("invalid API key: not a session key of this gateway")
-        else:
-            index = hashed_replica(token, len(self.table.replicas))
-        return self.table.replicas[index]
+        return self.table.replicas[self.keys.replica_of(token)]
 
     def _replica_of_session(self, session_id: Any, path: str) -> ReplicaInfo:
         if session_id is None:  # the replica explains what is missing
@@ -234,8 +240,7 @@ class Router:
 
     def _require_admin(self, admin: bool, token: str | None) -> None:
         if token is None:
-            raise AuthenticationFailed("missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
-                                       code="missing_api_key")
+            raise missing_key()
         if not admin:
             raise PermissionDenied("this route needs the admin key")
 
@@ -325,13 +330,60 @@ class Router:
         version = await self._update_weights(path)
         await _send_json(send, 200, {"message": "success", "version": version})
 
-    def health(self) -> dict[str, Any]:
+    def health(self, *, full: bool = True) -> dict[str, Any]:
+        """``status`` (ok / degraded / down) for anyone; with ``full`` (the admin key) also each
+        replica's state, load, node and pid, which an anonymous caller must not learn (issue 23)."""
         replicas = [r.describe() for r in self.table.replicas]
         healthy = sum(1 for r in self.table.replicas if r.state in ("healthy", "paused"))
-        versions = [r.version for r in self.table.replicas if r.state != "down"]
         status = "ok" if healthy == len(replicas) else ("degraded" if healthy else "down")
+        if not full:
+            return {"status": status}
+        versions = [r.version for r in self.table.replicas if r.state != "down"]
         return {"status": status, "version": max(versions) if versions else 0,
                 "replicas": replicas, "healthy": healthy, "total": len(replicas)}
+
+    async def _collect(self, headers: list[tuple[bytes, bytes]], body: bytes) -> dict[str, Any]:
+        """``POST /rl/collect`` across the cluster: finished sessions from every replica, at most
+        ``max_sessions`` in all (each replica is asked for its share, so none is exported and then
+        dropped here); a long poll (``wait_timeout``) waits on every replica at once."""
+        try:
+            req = json.loads(body) if body.strip() else {}
+        except ValueError:
+            req = None
+        if not isinstance(req, dict):
+            raise InvalidRequest("the request body is not a JSON object", code="invalid_json", status=422)
+        want = req.get("max_sessions", 16)
+        if not isinstance(want, int) or isinstance(want, bool) or not 1 <= want <= 1000:
+            raise InvalidRequest("max_sessions: must be an integer in [1, 1000]", param="max_sessions", status=422)
+        live = [r for r in self.table.replicas if r.url and r.state != "down"]
+        if not live:
+            raise Unavailable("no gateway replica is available right now", code="no_replica")
+        start = self._rng.randrange(len(live))
+        live = live[start:] + live[:start]  # no replica always first
+        out: list[Any] = []
+        for r in live:  # first without waiting: whatever is finished anywhere
+            if len(out) >= want:
+                break
+            out += await self._collect_from(r, headers, {**req, "max_sessions": want - len(out), "wait_timeout": 0})
+        if not out and float(req.get("wait_timeout") or 0) > 0:
+            share, extra = divmod(want, len(live))
+            asks = [(r, share + (1 if i < extra else 0)) for i, r in enumerate(live)]
+            parts = await asyncio.gather(*(self._collect_from(r, headers, {**req, "max_sessions": n})
+                                           for r, n in asks if n > 0))
+            out = [s for part in parts for s in part]
+        return {"sessions": out}
+
+    async def _collect_from(self, r: ReplicaInfo, headers: list[tuple[bytes, bytes]], req: dict[str, Any]
+                            ) -> list[Any]:
+        try:
+            status, _, data = await self.upstream.call(r.url or "", "POST", "/rl/collect", headers,
+                                                       json.dumps(req).encode())
+        except UpstreamUnavailable as exc:
+            self.table.mark_down(r, str(exc))
+            return []
+        if status != 200:
+            raise GatewayError(f"replica {r.index} refused /rl/collect: {data[:300]!r}", status=status)
+        return list(json.loads(data)["sessions"])
 
     # ------------------------------------------------------------------ forwarding
 
@@ -384,18 +436,25 @@ class Router:
             await _send_raw(send, resp.status, resp.headers, data)
             return
         started = False
+        # a Responses stream's error frames carry on its sequence numbers and response object
+        tracked = ResponsesStream() if resp.is_sse and surface_for(path) is RESPONSES else None
         try:
             await send({"type": "http.response.start", "status": resp.status,
                         "headers": [(k, v) for k, v in resp.headers if k not in _HOP_BY_HOP]})
             started = True
             async for chunk in resp.chunks():
+                if tracked is not None:
+                    _track(tracked, chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UpstreamUnavailable as exc:
             # the replica went away mid-response: end the stream with an error in its format
             self.table.mark_down(r, str(exc))
             if started and resp.is_sse:
-                await send({"type": "http.response.body", "body": _sse_error(_went_away(r, exc), path),
-                            "more_body": True})
+                surface = surface_for(path)
+                err = _went_away(r, exc)
+                frames = surface.stream_error_frames(err, tracked) if surface is not None else \
+                    [b"data: " + json.dumps(error_body(err, error_shape(path))).encode() + b"\n\n"]
+                await send({"type": "http.response.body", "body": b"".join(frames), "more_body": True})
         finally:
             resp.release()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -405,14 +464,26 @@ def _went_away(r: ReplicaInfo, exc: Exception) -> Unavailable:
     return Unavailable(f"gateway replica {r.index} went away during the response ({exc})", code="replica_unavailable")
 
 
-def _sse_error(exc: GatewayError, path: str) -> bytes:
-    surface = surface_of(path)
-    if surface == "anthropic":
-        return b"event: error\ndata: " + json.dumps(error_body(exc, "anthropic")).encode() + b"\n\n"
-    if path.endswith("/responses"):
-        ev = {"type": "error", "sequence_number": 0, "code": exc.code, "message": exc.message, "param": None}
-        return b"event: error\ndata: " + json.dumps(ev).encode() + b"\n\n"
-    return b"data: " + json.dumps(error_body(exc, "openai")).encode() + b"\n\n"
+def _track(st: ResponsesStream, chunk: bytes) -> None:
+    """Follow a Responses stream passing through: the response object its first event announced,
+    and the next sequence number (so an error frame continues the stream as the replica would)."""
+    if st.response is None and b'"response.created"' in chunk:
+        for frame in chunk.split(b"\n\n"):
+            for line in frame.split(b"\n"):
+                if line.startswith(b"data: "):
+                    try:
+                        ev = json.loads(line[6:])
+                    except ValueError:
+                        continue
+                    if isinstance(ev, dict) and ev.get("type") == "response.created" and \
+                            isinstance(ev.get("response"), dict):
+                        st.response = ev["response"]
+                        break
+            if st.response is not None:
+                break
+    last = find_last_seq(chunk)
+    if last is not None:
+        st.next_seq = last + 1
 
 
 def _json_field(body: bytes, name: str) -> Any:

@@ -183,10 +183,12 @@ def create_app(
     install_openapi(app, body_models)
     if config.ui:  # the trajectory viewer (off by default; admin only, see ui/auth.py)
         from rlgate.ui.auth import UiLogins
+        from rlgate.ui.data_routes import router as ui_data_router
         from rlgate.ui.routes import router as ui_router
 
         app.state.ui_logins = UiLogins(config.ui_login_ttl)
         add_routes(app, ui_router)
+        add_routes(app, ui_data_router)  # the model as JSON: what a cluster router's /ui merges
     hot_routes_first(app)
 
     # Outermost last: RequestMetrics(InFlight(CORS(AuthGate(BodyLimit(Durability(routes)))))). The gate

@@ -7,7 +7,8 @@ import asyncio
 import json
 from typing import Any
 
-from rlgate.errors import GatewayError, error_body, surface_of
+from rlgate.errors import GatewayError, error_body
+from rlgate.surfaces import error_shape
 
 # Before answering without reading a body, read and discard up to this much of it (for at
 # most DRAIN_SECONDS): a client still sending when the server closes the connection may get
@@ -57,7 +58,7 @@ def declared_length(scope: dict[str, Any]) -> int | None:
 
 
 async def send_error(scope: dict[str, Any], send: Any, exc: GatewayError, *, close: bool = True) -> None:
-    body = json.dumps(error_body(exc, surface_of(scope.get("path", "")))).encode()
+    body = json.dumps(error_body(exc, error_shape(scope.get("path", "")))).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.encode(), v.encode()) for k, v in exc.headers.items()]
     if close:  # the unread rest of the body must not be taken for the next request

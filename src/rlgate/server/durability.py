@@ -23,8 +23,9 @@ import logging
 from typing import Any
 
 from rlgate.core.request_scope import begin_request, end_request, undo_changes
-from rlgate.errors import Unavailable, error_body, surface_of
+from rlgate.errors import Unavailable, error_body
 from rlgate.store.base import StoreError
+from rlgate.surfaces import error_shape
 
 log = logging.getLogger("rlgate.store")
 
@@ -53,7 +54,7 @@ class DurabilityMiddleware:
                     undone = undo_changes()
                     log.error("%s: the store failed (%s); %d in-memory changes undone", scope.get("path"), exc, undone)
                     err = Unavailable(str(exc), code="store_unavailable")
-                    body = json.dumps(error_body(err, surface_of(scope.get("path", "")))).encode()
+                    body = json.dumps(error_body(err, error_shape(scope.get("path", "")))).encode()
                     await send({"type": "http.response.start", "status": err.status,
                                 "headers": [(b"content-type", b"application/json"),
                                             (b"content-length", str(len(body)).encode())]})

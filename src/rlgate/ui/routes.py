@@ -92,7 +92,7 @@ def _tokenizer(request: Request) -> Any:
 # --------------------------------------------------------------------------- login
 
 
-def _login_form(error: str = "") -> str:
+def login_form_html(error: str = "") -> str:
     msg = f'<p class="error">{e(error)}</p>' if error else ""
     return ('<div class="login"><h1>rlgate viewer</h1><p>Enter the gateway\'s admin key. It is sent in the '
             'form body only; the browser gets a login cookie (HttpOnly, SameSite=Strict), never the key.</p>'
@@ -104,7 +104,7 @@ def _login_form(error: str = "") -> str:
 async def login_form(request: Request) -> Response:
     if is_viewer(request):
         return _secure(RedirectResponse("/ui", status_code=303))
-    return _page(request, "log in", _login_form())
+    return _page(request, "log in", login_form_html())
 
 
 @router.post("/ui/login")
@@ -113,11 +113,11 @@ async def login(request: Request) -> Response:
         return _page(request, "refused", "<h1>refused</h1><p>cross-site login refused</p>", 403)
     body = await request.body()
     if len(body) > MAX_LOGIN_BODY:
-        return _page(request, "log in", _login_form("request too large"), 413)
+        return _page(request, "log in", login_form_html("request too large"), 413)
     key = (parse_qs(body.decode("utf-8", "replace")).get("key") or [""])[0]
     if not key or not _gw(request).sessions.is_admin(key):
         log.warning("/ui: failed login from %s", request.client.host if request.client else "?")
-        return _page(request, "log in", _login_form("wrong key"), 403)
+        return _page(request, "log in", login_form_html("wrong key"), 403)
     token = request.app.state.ui_logins.issue()
     resp = RedirectResponse("/ui", status_code=303)
     resp.set_cookie(COOKIE, token, max_age=int(request.app.state.ui_logins.ttl), path="/ui", httponly=True,

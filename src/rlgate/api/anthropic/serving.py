@@ -60,7 +60,8 @@ from rlgate.chat.conversation import ContentPart, ImagePart, Message, TextPart, 
 from rlgate.chat.output import ContentDelta, OutputEvent, ReasoningDelta, ToolCallDelta
 from rlgate.core.generation import Finished, GenerationService, Prepared
 from rlgate.core.request import ChatRequest, NamedTool, ToolChoice
-from rlgate.errors import GatewayError, InvalidRequest, error_body
+from rlgate.errors import InvalidRequest
+from rlgate.surfaces import MESSAGES
 
 log = logging.getLogger("rlgate.api.anthropic")
 
@@ -381,8 +382,5 @@ async def stream_events(service: GenerationService, prepared: Prepared, model: s
                 for name, data in builder.feed(ev):
                     yield sse(data, event=name)
 
-    def error_frames(exc: GatewayError) -> list[bytes]:
-        return [sse(error_body(exc, "anthropic"), event="error")]
-
-    async for frame in guard_stream(frames(), error_frames, label=f"messages stream {prepared.interaction_id}"):
+    async for frame in guard_stream(frames(), MESSAGES.stream_error_frames, label=f"messages stream {prepared.interaction_id}"):
         yield frame

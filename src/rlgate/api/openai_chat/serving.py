@@ -16,7 +16,8 @@ from rlgate.chat.conversation import ContentPart, ImagePart, Message, TextPart, 
 from rlgate.chat.output import ContentDelta, ReasoningDelta, ToolCallDelta
 from rlgate.core.generation import Finished, GenerationService, Prepared
 from rlgate.core.request import ChatRequest
-from rlgate.errors import GatewayError, InvalidRequest, error_body
+from rlgate.errors import InvalidRequest
+from rlgate.surfaces import CHAT
 
 ID_PREFIX = "chatcmpl-"
 
@@ -159,8 +160,5 @@ async def stream_chunks(
                                                     "logprobs": None}], "usage": usage(ev)})
         yield b"data: [DONE]\n\n"
 
-    def error_frames(exc: GatewayError) -> list[bytes]:
-        return [sse(error_body(exc, "openai"))]
-
-    async for frame in guard_stream(frames(), error_frames, label=f"chat stream {prepared.interaction_id}"):
+    async for frame in guard_stream(frames(), CHAT.stream_error_frames, label=f"chat stream {prepared.interaction_id}"):
         yield frame

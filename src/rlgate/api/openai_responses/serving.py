@@ -8,12 +8,10 @@ items once the text is complete), so a streamed and a non-streamed response are 
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from rlgate.api.common import sse
 from rlgate.api.keepalive import KeepAlive, with_keepalive
 from rlgate.api.openai_responses.objects import (
     ItemIds,
@@ -30,7 +28,8 @@ from rlgate.api.openai_responses.tools import ResponseTools, call_item
 from rlgate.api.streaming import guard_stream
 from rlgate.chat.output import ContentDelta, OutputEvent, ReasoningDelta, ToolCallDelta, openai_call_id
 from rlgate.core.generation import Finished, GenerationService, Prepared
-from rlgate.errors import ContextLengthExceeded, GatewayError
+from rlgate.errors import GatewayError
+from rlgate.surfaces import RESPONSES, ResponsesStream
 
 __all__ = ["ID_PREFIX", "ItemBuilder", "complete", "new_call_id", "stream_events"]
 
@@ -166,43 +165,29 @@ async def complete(service: GenerationService, prepared: Prepared, ctx: Response
                                                         ItemIds(), ctx.tools))
 
 
-def _failure_code(exc: GatewayError) -> str:
-    if isinstance(exc, ContextLengthExceeded):
-        return exc.code or "context_length_exceeded"
-    return "rate_limit_exceeded" if exc.status == 429 else "server_error"
-
-
 async def failed_stream(ctx: ResponseContext, exc: GatewayError) -> AsyncIterator[bytes]:
     """A stream that fails before generating: what a streamed request gets for a prompt that does
     not fit. Codex reads ``response.failed`` with ``error.code == "context_length_exceeded"`` as
     "context window exceeded" (and compacts); a 400 before the stream would be a fatal error to it."""
-    seq = itertools.count()
-    rid = new_id(ID_PREFIX)
-
-    def event(kind: str, fields: dict[str, Any]) -> bytes:
-        return sse({"type": kind, "sequence_number": next(seq), **fields}, event=kind)
-
-    start = response_json(ctx, rid, status="in_progress", output=[])
-    yield event("response.created", {"response": start})
-    yield event("response.in_progress", {"response": start})
-    yield event("error", {"code": exc.code or exc.openai_type, "message": exc.message, "param": exc.param})
-    yield event("response.failed", {"response": response_json(
-        ctx, rid, status="failed", output=[], error={"code": _failure_code(exc), "message": exc.message})})
+    st = ResponsesStream(response_json(ctx, new_id(ID_PREFIX), status="in_progress", output=[]))
+    yield st.event("response.created", {"response": st.response})
+    yield st.event("response.in_progress", {"response": st.response})
+    for frame in RESPONSES.stream_error_frames(exc, st):
+        yield frame
 
 
 async def stream_events(service: GenerationService, prepared: Prepared, ctx: ResponseContext
                         ) -> AsyncIterator[bytes]:
     """SSE events, in the Responses API's order (see docs/openai-responses.md); after a
-    failure, an ``error`` and a ``response.failed`` event end the stream (api/streaming.py)."""
-    seq = itertools.count()
+    failure, an ``error`` and a ``response.failed`` event end the stream (api/streaming.py,
+    frames from ``rlgate.surfaces``, which the cluster router uses too)."""
     rid = prepared.interaction_id
     builder = ItemBuilder(ctx.tools)
-
-    def event(kind: str, fields: dict[str, Any]) -> bytes:
-        return sse({"type": kind, "sequence_number": next(seq), **fields}, event=kind)
+    st = ResponsesStream(response_json(ctx, rid, status="in_progress", output=[]), output=builder.done)
+    event = st.event
 
     async def frames() -> AsyncGenerator[bytes, None]:
-        start = response_json(ctx, rid, status="in_progress", output=[])
+        start = st.response
         yield event("response.created", {"response": start})
         yield event("response.in_progress", {"response": start})
         async for ev in with_keepalive(service.run(prepared), service.config.stream_keepalive_interval):
@@ -219,10 +204,7 @@ async def stream_events(service: GenerationService, prepared: Prepared, ctx: Res
                     yield event(kind, fields)
 
     def error_frames(exc: GatewayError) -> list[bytes]:
-        failed = response_json(ctx, rid, status="failed", output=builder.done,
-                               error={"code": _failure_code(exc), "message": exc.message})
-        return [event("error", {"code": exc.code or exc.openai_type, "message": exc.message, "param": exc.param}),
-                event("response.failed", {"response": failed})]
+        return RESPONSES.stream_error_frames(exc, st)
 
     async for frame in guard_stream(frames(), error_frames, label=f"responses stream {rid}"):
         yield frame
