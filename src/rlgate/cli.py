@@ -238,6 +238,7 @@ def serve_cluster(args: argparse.Namespace, admin_key: str) -> int:
         cluster.start()
         import uvicorn
 
+        from rlgate.server import logging_filters
         from rlgate.server.connections import gateway_protocol
         from rlgate.server.serve import MAX_HEADER_BYTES, GatewayServer, fit_connections, tune_gc
 
@@ -246,9 +247,12 @@ def serve_cluster(args: argparse.Namespace, admin_key: str) -> int:
         # the router faces the clients: the same connection limits as a gateway (server/connections.py)
         http = gateway_protocol(spec.config.header_timeout, fit_connections(spec.config.max_connections),
                                 MAX_HEADER_BYTES)
-        GatewayServer(uvicorn.Config(cluster.make_router(), host=args.host, port=args.port, log_level=args.log_level,
-                                     access_log=args.access_log, timeout_keep_alive=KEEP_ALIVE_S, lifespan="on",
-                                     http=http), None).run()
+        config = uvicorn.Config(cluster.make_router(), host=args.host, port=args.port, log_level=args.log_level,
+                                access_log=args.access_log, timeout_keep_alive=KEEP_ALIVE_S, lifespan="on", http=http)
+        # the gateway's log filters too: no floods, no query strings in the access log
+        logging_filters.install(logging_filters.RepeatFilter())
+        logging_filters.install(logging_filters.RedactQueryFilter(), ("uvicorn.access",))
+        GatewayServer(config, None).run()
     finally:
         cluster.stop()
         import ray
