@@ -78,7 +78,12 @@ def _json(r: httpx.Response) -> Any:
 
 
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
-    with socket.socket() as s:
+    """RunError unless the server could bind ``host:port``. With ``SO_REUSEADDR``, as uvicorn
+    binds: connections of a finished run in TIME_WAIT (~60 s) do not make the port busy, a
+    listening socket does."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:
