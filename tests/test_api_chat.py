@@ -139,7 +139,9 @@ async def test_extensions_reach_the_engine(make_app, asgi_client, tokenizer):
         # defaults: temperature 1, top_p 1, no top-k
         await c.post("/v1/chat/completions", headers=key_headers(key), json={"messages": USER})
         s = engine.requests[-1].sampling
-        assert (s.temperature, s.top_p, s.top_k, s.max_new_tokens) == (1.0, 1.0, 0, 512)
+        # no max tokens: up to the rest of the context, as the OpenAI API and vLLM do (no hidden 512)
+        assert (s.temperature, s.top_p, s.top_k) == (1.0, 1.0, 0)
+        assert s.max_new_tokens == engine.max_context_length - len(engine.requests[-1].input_ids)
 
 
 async def test_default_and_capped_max_tokens(make_app, asgi_client, tokenizer):

@@ -165,7 +165,9 @@ async def test_sampling_parameters_and_extensions_reach_the_engine(make_app, asg
         assert engine.requests[-1].sampling.max_new_tokens == 2
         body = await create(c, key, input="hi")
         s = engine.requests[-1].sampling
-        assert (s.temperature, s.top_p, s.top_k, s.max_new_tokens) == (1.0, 1.0, 0, 512)
+        # no max tokens: up to the rest of the context, as the OpenAI API and vLLM do (no hidden 512)
+        assert (s.temperature, s.top_p, s.top_k) == (1.0, 1.0, 0)
+        assert s.max_new_tokens == engine.max_context_length - len(engine.requests[-1].input_ids)
         assert (body["temperature"], body["top_p"], body["parallel_tool_calls"], body["truncation"]) == (
             1.0, 1.0, True, "disabled")
 

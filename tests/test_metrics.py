@@ -39,7 +39,7 @@ TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {
 EAGER = {"guard_min_events": 1, "guard_tool_parse_failure_ratio": 0.0, "guard_unparsed_tool_markup_ratio": 0.0,
          "guard_empty_reply_ratio": 0.0, "guard_fork_ratio": 0.0, "guard_unaligned_turn_ratio": 0.0,
          "guard_missing_reward_ratio": 0.0, "guard_stale_token_ratio": 0.0, "guard_abort_ratio": 0.0,
-         "guard_stale_lag": 2}
+         "guard_default_cap_cut_ratio": 0.0, "guard_stale_lag": 2}
 
 
 def parse(text: str) -> dict[str, dict[tuple, float]]:
@@ -169,6 +169,12 @@ async def _engine_error(c, app, tokenizer, stop_ids):
     assert r.status_code == 502
 
 
+async def _default_cap_cut(c, app, tokenizer, stop_ids):
+    _, key = await start_session(c)  # the operator set --default-max-tokens 3; the client set no limit
+    r = await chat(c, key, [{"role": "user", "content": "talk"}])
+    assert r["choices"][0]["finish_reason"] == "length"
+
+
 async def _store_failure(c, app, tokenizer, stop_ids):
     r = await c.post("/rl/start_session", json={"task_id": "poison"}, headers=admin_headers())
     assert r.status_code == 503
@@ -185,6 +191,7 @@ def _engine(case, tokenizer, stop_ids):
         "unaligned_turn": FakeEngine(tokenizer, script=[Scripted(ids=hello + [stop_ids[0]]), "ok"]),
         "engine_error": FakeEngine(tokenizer, fail_with=EngineError("backend down", status=502)),
         "store_failure": FakeEngine(tokenizer),
+        "default_cap_cut": FakeEngine(tokenizer, output_tokens=20),
     }[case]
 
 
@@ -204,6 +211,8 @@ CASES = {
     "engine_error": (_engine_error, "aborted_generations", [
         ("rlgate_interrupted_generations", None, {"reason": "error"}, 1)]),
     "store_failure": (_store_failure, "store_write_failures", [("rlgate_store_write_failures", None, {}, 1)]),
+    "default_cap_cut": (_default_cap_cut, "default_cap_cuts", [
+        ("rlgate_replies_cut_by_operator_cap", None, {"api": "chat"}, 1)]),
 }
 
 
@@ -222,7 +231,8 @@ async def test_each_silent_failure_moves_its_counter_and_degrades_health(
         db.close()
     tok = _template_that_rewrites_history(tokenizer) if case == "template_fork" else tokenizer
     engine = _engine(case, tok, stop_ids)
-    app = create_app(GatewayConfig(admin_key=ADMIN_KEY, **EAGER), engine, store or MemoryStore(), tok,
+    extra = {"default_max_tokens": 3} if case == "default_cap_cut" else {}
+    app = create_app(GatewayConfig(admin_key=ADMIN_KEY, **EAGER, **extra), engine, store or MemoryStore(), tok,
                      stop_token_ids=stop_ids)
     caplog.set_level(logging.INFO, logger="rlgate.guards")
     async with asgi_client(app) as c:
@@ -265,6 +275,25 @@ async def test_clean_traffic_keeps_every_guard_quiet(make_app, asgi_client, stop
     assert value(fams, "rlgate_guard_firing") == 0
     assert value(fams, "rlgate_turns", relation="extend") == 1
     assert exp["interactions"][0]["flags"] == []
+
+
+async def test_only_caps_the_client_never_asked_for_count_as_cuts(make_app, asgi_client, tokenizer):
+    """A reply cut at the client's own max_tokens, or at the end of the context, is what it asked for; a
+    reply cut at --default-max-tokens or --max-tokens-cap is not (issue 26: the hidden 512 cap)."""
+    engine = FakeEngine(tokenizer, output_tokens=50, max_context_length=2048)
+    async with asgi_client(make_app(engine, max_tokens_cap=10, **EAGER)) as c:
+        _, key = await start_session(c)
+        user = [{"role": "user", "content": "talk"}]
+        assert (await chat(c, key, user, max_tokens=5))["choices"][0]["finish_reason"] == "length"
+        fams = await scrape(c)
+        assert value(fams, "rlgate_replies_cut_by_operator_cap") == 0
+        assert value(fams, "rlgate_guard_firing", guard="default_cap_cuts") == 0
+        for extra in ({}, {"max_tokens": 100}):  # no limit, or more than the cap: cut at the operator's 10
+            r = await chat(c, key, user, **extra)
+            assert (r["choices"][0]["finish_reason"], r["usage"]["completion_tokens"]) == ("length", 10)
+        fams = await scrape(c)
+    assert value(fams, "rlgate_replies_cut_by_operator_cap", api="chat") == 2
+    assert value(fams, "rlgate_guard_firing", guard="default_cap_cuts") == 1
 
 
 async def test_export_flags_name_the_failures(make_app, asgi_client, tokenizer):

@@ -66,7 +66,9 @@ class GatewayConfig:
                                      "tool-call parsing)")
     reasoning_parser: str | None = option("auto", "reasoning parser, e.g. 'think' ('auto': the model family's; "
                                           "'none': reasoning stays in the content)")
-    default_max_tokens: int = option(512, "generated tokens when a request sets no max tokens")
+    default_max_tokens: int | None = option(
+        None, "generated tokens when a request sets no max tokens (none: up to the rest of the context, as the "
+        "OpenAI API and vLLM do; a reply cut by this cap counts in the default_cap_cuts guard)")
     max_tokens_cap: int | None = option(None, "hard cap on generated tokens per request (none: the context only)")
     context_length: int | None = option(None, "tokens of prompt + output a request may use (none: the engine's)")
     stop_token_ids: list[int] | None = option(
@@ -151,6 +153,9 @@ class GatewayConfig:
         "help": "alarm when more than this fraction of generations are aborted, fail or are cut by a restart"})
     guard_store_failure_ratio: float = field(default=0.0, metadata={
         "help": "alarm when more than this fraction of store writes fail (0: any failure)"})
+    guard_default_cap_cut_ratio: float = field(default=0.05, metadata={
+        "help": "alarm when more than this fraction of replies are cut by a token cap the client never asked "
+                "for (--default-max-tokens, --max-tokens-cap)"})
 
 
 @dataclass

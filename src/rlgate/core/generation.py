@@ -93,6 +93,7 @@ class Prepared:
     streamed: bool = True  # complete() sets False (metrics label)
     reported: bool = False  # the outcome went to the metrics (once per run)
     image_bytes: int = 0  # counted against max_image_bytes_per_session once recorded
+    operator_capped: bool = False  # max new tokens set by an operator cap below what the client allows
 
 
 @dataclass
@@ -283,10 +284,11 @@ class GenerationService:
         ctx = self.context_length
         if len(prompt) >= ctx:
             raise ContextLengthExceeded(prompt_tokens=len(prompt), limit=ctx, param="messages")
+        # What the client allows (its max tokens, its max_total_tokens, else the rest of the context, as
+        # the OpenAI API and vLLM do), then the operator's caps; a reply cut by the latter is counted.
         max_new = ctx - len(prompt)
-        max_new = min(max_new, req.max_tokens if req.max_tokens is not None else self.config.default_max_tokens)
-        if self.config.max_tokens_cap is not None:
-            max_new = min(max_new, self.config.max_tokens_cap)
+        if req.max_tokens is not None:
+            max_new = min(max_new, req.max_tokens)
         if req.max_total_tokens is not None:
             max_new = min(max_new, req.max_total_tokens - len(prompt))
             if max_new < 1:
@@ -295,6 +297,11 @@ class GenerationService:
                     f"{len(prompt)}-token prompt",
                     prompt_tokens=len(prompt), limit=req.max_total_tokens, param="max_total_tokens",
                 )
+        client_max = max_new
+        if req.max_tokens is None and self.config.default_max_tokens is not None:
+            max_new = min(max_new, self.config.default_max_tokens)
+        if self.config.max_tokens_cap is not None:
+            max_new = min(max_new, self.config.max_tokens_cap)
         try:
             sampling = SamplingParams(
                 max_new_tokens=max_new,
@@ -318,7 +325,7 @@ class GenerationService:
         }
         interaction.client_store = req.store
         return Prepared(session, req, interaction_id, api, prompt, sampling, interaction, call_id, chain,
-                        received_at, image_bytes=built.image_bytes)
+                        received_at, image_bytes=built.image_bytes, operator_capped=max_new < client_max)
 
     # ------------------------------------------------------------------ run
 
@@ -484,7 +491,8 @@ class GenerationService:
             parse_failures=unparsed_tool_blocks(text, parser) if parser else 0,
             unparsed_markup=unparsed_tool_blocks(text), empty=is_empty_reply(message),
             relation=inter.relation if inter is not None else None,
-            fork_reason=inter.fork_reason if inter is not None else None), first_token_at)
+            fork_reason=inter.fork_reason if inter is not None else None,
+            cut_by_operator_cap=p.operator_capped and finish == "length"), first_token_at)
         return Finished(
             interaction_id=p.interaction_id,
             content=out.content,

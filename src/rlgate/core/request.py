@@ -29,7 +29,7 @@ class ChatRequest:
     messages: list[Message]
     tools: list[ToolSpec] = field(default_factory=list)
     tool_choice: ToolChoice = "auto"  # only "none" changes anything (no tool-call parsing)
-    max_tokens: int | None = None  # generated tokens; None -> config.default_max_tokens
+    max_tokens: int | None = None  # generated tokens; None -> the rest of the context (or config.default_max_tokens)
     max_total_tokens: int | None = None  # prompt + generated
     temperature: float = 1.0
     top_p: float = 1.0

@@ -55,6 +55,7 @@ class GenerationOutcome:
     empty: bool = False  # a finished reply with no text, reasoning or tool call
     relation: str | None = None  # of the recorded interaction (None: not recorded, store=false)
     fork_reason: str | None = None
+    cut_by_operator_cap: bool = False  # finish "length" at --default-max-tokens / --max-tokens-cap, not the client's
 
 
 @dataclass
@@ -88,6 +89,8 @@ def guard_specs(c: GatewayConfig) -> list[GuardSpec]:
         GuardSpec("aborted_generations", "generations aborted, failed or cut by a restart", "generations",
                   c.guard_abort_ratio, m),
         GuardSpec("store_write_failures", "store writes that failed", "writes", c.guard_store_failure_ratio, 1),
+        GuardSpec("default_cap_cuts", "replies cut by a token cap the client never asked for (--default-max-tokens, "
+                  "--max-tokens-cap)", "replies", c.guard_default_cap_cut_ratio, m),
     ]
 
 
@@ -216,6 +219,9 @@ class GatewayMetrics:
                                        "parser=\"none\")", ["parser"], registry=r)
         self.empty_replies = Counter("rlgate_empty_replies", "finished replies with no text, reasoning or tool "
                                      "call", ["api"], registry=r)
+        self.operator_cap_cuts = Counter("rlgate_replies_cut_by_operator_cap", "replies cut at a token cap the client "
+                                         "never asked for (--default-max-tokens, --max-tokens-cap)", ["api"],
+                                         registry=r)
         self.turns = Counter("rlgate_turns", "recorded interactions by relation to the session's tree "
                              "(root, extend, fork)", ["relation"], registry=r)
         self.forks = Counter("rlgate_forks", "turns that started a new branch, by fork_reason", ["reason"],
@@ -309,6 +315,9 @@ class GatewayMetrics:
             self._child(self.unparsed_markup, o.parser or "none").inc()
         g.observe("unparsed_tool_markup", int(o.unparsed_markup > 0), 1)
         if o.finish_reason != "abort":
+            if o.cut_by_operator_cap:
+                self._child(self.operator_cap_cuts, o.api).inc()
+            g.observe("default_cap_cuts", int(o.cut_by_operator_cap), 1)
             if o.empty:
                 self._child(self.empty_replies, o.api).inc()
             g.observe("empty_replies", int(o.empty), 1)
