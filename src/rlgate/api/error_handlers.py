@@ -10,8 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlgate.api.common import JsonResponse, describe_errors
-from rlgate.core.request_scope import undo_changes
-from rlgate.errors import GatewayError, InternalError, InvalidRequest, Unavailable, error_body, from_status
+from rlgate.core.request_scope import store_refusal
+from rlgate.errors import GatewayError, InternalError, InvalidRequest, error_body, from_status
 from rlgate.store.base import StoreError
 from rlgate.surfaces import error_shape, is_api_path
 
@@ -41,10 +41,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, exc: StoreError) -> JsonResponse:
-        undone = undo_changes()  # a write refused at submission: nothing of the request stays in memory
-        log.error("store error on %s %s: %s (%d in-memory changes undone)", request.method, request.url.path, exc,
-                  undone)
-        return _error_response(request, Unavailable(str(exc), code="store_unavailable"))
+        # a write refused at submission: nothing of the request stays in memory
+        return _error_response(request, store_refusal(exc, f"{request.method} {request.url.path}"))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JsonResponse:

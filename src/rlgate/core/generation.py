@@ -45,10 +45,10 @@ from rlgate.core.limits import (
 )
 from rlgate.core.render_pool import RenderPool
 from rlgate.core.request import ChatRequest
-from rlgate.core.request_scope import current_scope, undo_changes
+from rlgate.core.request_scope import current_scope, store_refusal
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
-from rlgate.errors import ContextLengthExceeded, InvalidRequest, PayloadTooLarge, Unavailable, engine_failure
+from rlgate.errors import ContextLengthExceeded, InvalidRequest, PayloadTooLarge, engine_failure
 from rlgate.metrics.gateway import GatewayMetrics, GenerationOutcome
 from rlgate.store.base import StoreError
 from rlgate.trajectory.flags import is_empty_reply
@@ -425,9 +425,8 @@ class GenerationService:
         try:  # the final event (finish reason, usage) is sent only once the interaction is on disk
             if scope is not None:
                 await scope.wait_durable(self.sessions.store)
-        except StoreError as exc:
-            undo_changes()  # refused to the client: not kept for a later request to land on
-            raise Unavailable(str(exc), code="store_unavailable") from exc
+        except StoreError as exc:  # refused to the client: not kept for a later request to land on
+            raise store_refusal(exc, f"{p.api} stream of session {p.session.id}") from exc
         yield final
 
     def _fail(self, p: Prepared, error: str, generated: int, first_token_at: float | None) -> None:

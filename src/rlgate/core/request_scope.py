@@ -4,14 +4,19 @@ undo its in-memory changes if its writes failed.
 The ASGI layer opens a :class:`RequestScope` per request (:func:`begin_request` /
 :func:`end_request`); code below it does not know about HTTP:
 
-* :func:`note_write` records the sequence number a ``Store.save_*`` call returned; before a
-  response (or a stream's final event) reports a change, :meth:`RequestScope.wait_durable`
-  awaits exactly the writes the request made so far (``Store.wait_durable``);
+* :class:`ScopedStore` wraps the store: every ``save_*`` / ``delete_session`` made through it
+  is recorded in the current request's scope, by the wrapper itself (the session manager holds
+  only the wrapper, so no write can bypass the barrier); before a response (or a stream's final
+  event) reports a change, :meth:`RequestScope.wait_durable` awaits exactly the writes the
+  request made so far (``Store.wait_durable``);
 * :func:`after_response`: run once the response was sent (outside a request: at once);
 * :func:`on_write_failure`: undo an in-memory change if the store fails to write the
   request's changes (outside a request: never). Whoever sees the request's
   :class:`~rlgate.store.base.StoreError` calls :func:`undo_changes`, so that a change the
-  client was refused (503) leaves nothing in memory a later request could land on.
+  client was refused (503) leaves nothing in memory a later request could land on;
+* :func:`store_refusal`: the one answer to a failed write: undo, log, and the 503
+  (``store_unavailable``) to raise or send, wherever the failure is seen (the error handler, the
+  durability middleware, a stream's final event).
 
 Outside a request (startup, the idle sweeper) there is no scope: writes are not waited
 for, and deferred work runs at once. The current scope is found through a context
@@ -22,13 +27,16 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from rlgate.store.base import Store
+from rlgate.errors import Unavailable
+from rlgate.store.base import Store, StoreError
+from rlgate.trajectory.interaction import Interaction, Session
 
-__all__ = ["RequestScope", "after_response", "begin_request", "current_scope", "end_request", "note_write",
-           "on_write_failure", "undo_changes"]
+__all__ = ["RequestScope", "ScopedStore", "after_response", "begin_request", "current_scope", "end_request",
+           "on_write_failure", "store_refusal", "undo_changes"]
 
 log = logging.getLogger("rlgate.core")
 
@@ -55,11 +63,51 @@ def current_scope() -> RequestScope | None:
     return _SCOPE.get()
 
 
-def note_write(seq: int) -> None:
+def _note_write(seq: int) -> int:
     """Record a store write of the current request (``seq`` as ``Store.save_*`` returned it)."""
     scope = _SCOPE.get()
     if scope is not None and seq:
         scope.writes.append(seq)
+    return seq
+
+
+class ScopedStore:
+    """The store as the session manager sees it: each write is recorded for the durability barrier.
+
+    A write made during a request joins that request's scope, so its response (or its stream's final
+    event) waits until the write is durable; a write outside a request (startup, the idle sweeper) is
+    waited for by nobody. Recording is part of the write, so a new ``save_*`` call cannot forget it.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.inner = store
+
+    def save_session(self, session: Session) -> int:
+        return _note_write(self.inner.save_session(session))
+
+    def save_interaction(self, interaction: Interaction) -> int:
+        return _note_write(self.inner.save_interaction(interaction))
+
+    def save_meta(self, key: str, value: Any) -> int:
+        return _note_write(self.inner.save_meta(key, value))
+
+    def delete_session(self, session_id: str) -> int:
+        return _note_write(self.inner.delete_session(session_id))
+
+    def load(self) -> list[Session]:
+        return self.inner.load()
+
+    def load_meta(self) -> dict[str, Any]:
+        return self.inner.load_meta()
+
+    async def wait_durable(self, seqs: Sequence[int]) -> None:
+        await self.inner.wait_durable(seqs)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def after_response(fn: Callable[[], None]) -> None:
@@ -91,6 +139,17 @@ def undo_changes() -> int:
             log.exception("undoing a change after a failed write failed")
     scope.after.clear()  # nothing deferred runs for a request whose changes were undone
     return len(undo)
+
+
+def store_refusal(exc: StoreError, where: str) -> Unavailable:
+    """A write of the current request failed: undo its in-memory changes and return the 503 to answer.
+
+    The one place the store failure becomes an answer (``store_unavailable``), whoever sees it: the
+    error handler (a write refused at submission), the durability middleware (before a response's
+    head), ``GenerationService.run`` (before a stream's final event)."""
+    undone = undo_changes()
+    log.error("%s: the store failed (%s); %d in-memory changes undone", where, exc, undone)
+    return Unavailable(str(exc), code="store_unavailable")
 
 
 def begin_request() -> tuple[RequestScope, contextvars.Token[RequestScope | None]]:

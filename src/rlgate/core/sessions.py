@@ -1,7 +1,9 @@
 """Sessions, keys, capacity, rewards and export: the gateway's control state.
 
 All state lives in one :class:`SessionManager` instance owned by the app (no module
-globals). Every change is written through to the :class:`~rlgate.store.base.Store`.
+globals). Every change is written through to the :class:`~rlgate.store.base.Store`, by way of a
+:class:`~rlgate.core.request_scope.ScopedStore` that records each write for the durability barrier
+of the request making it (a 2xx means the change is on disk, without a call to remember per save).
 
 Keys: a session's API key is kept only as its SHA-256 digest. Looking a key up hashes
 it and indexes a dict by the digest, so the lookup's timing depends on the digest,
@@ -23,7 +25,7 @@ from rlgate.config import GatewayConfig
 from rlgate.core.limits import image_size, images
 from rlgate.core.naming import DefaultNaming, SessionNaming
 from rlgate.core.rate_limit import RateLimiter
-from rlgate.core.request_scope import after_response, note_write, on_write_failure
+from rlgate.core.request_scope import ScopedStore, after_response, on_write_failure
 from rlgate.errors import (
     AuthenticationFailed,
     Conflict,
@@ -65,7 +67,7 @@ class SessionManager:
     def __init__(self, config: GatewayConfig, store: Store, naming: SessionNaming | None = None,
                  metrics: GatewayMetrics | None = None) -> None:
         self.config = config
-        self.store = store
+        self.store = ScopedStore(store)  # every write joins the current request's durability barrier
         self.naming: SessionNaming = naming or DefaultNaming()
         self.gateway_metrics = metrics if metrics is not None else GatewayMetrics(config)  # Prometheus + guards
         self.sessions: dict[str, Session] = {}
@@ -138,7 +140,7 @@ class SessionManager:
 
     def grant_capacity(self, count: int = 1) -> int:
         self.capacity += count
-        note_write(self.store.save_meta("capacity", self.capacity))
+        self.store.save_meta("capacity", self.capacity)
 
         def undo() -> None:
             self.capacity -= count
@@ -215,10 +217,10 @@ class SessionManager:
             metadata=dict(metadata or {}),
         )
         # The write first: a store that refuses the row (StoreError) leaves nothing behind.
-        note_write(self.store.save_session(session))
+        self.store.save_session(session)
         if granted:
             self.capacity -= 1
-            note_write(self.store.save_meta("capacity", self.capacity))
+            self.store.save_meta("capacity", self.capacity)
         previous_owner = self._by_key.get(digest)
         self.sessions[session.id] = session
         self._by_key[digest] = session.id  # drops the mapping of an ended session, if any
@@ -291,7 +293,7 @@ class SessionManager:
             session.status = "ended"
             session.ended_at = time.time()
             self.metrics["sessions_ended"] += 1
-            note_write(self.store.save_session(session))
+            self.store.save_session(session)
             self._mark_finished(session)
 
             def undo() -> None:
@@ -310,7 +312,7 @@ class SessionManager:
         session.interactions[interaction.id] = interaction
         session.image_bytes += image_bytes
         session.touch()
-        note_write(self.store.save_interaction(interaction))
+        self.store.save_interaction(interaction)
 
         def undo() -> None:  # the interaction never reached the store: forget it entirely
             if session.interactions.get(interaction.id) is interaction:
@@ -332,14 +334,14 @@ class SessionManager:
         self.metrics["interactions_completed"] += 1
         if interaction.finish_reason == "abort":
             self.metrics["interactions_aborted"] += 1
-        note_write(self.store.save_interaction(interaction))
+        self.store.save_interaction(interaction)
 
     def fail_interaction(self, session: Session, interaction: Interaction, error: str) -> None:
         interaction.status = "failed"
         interaction.error = error
         interaction.completed_at = time.time()
         self.metrics["interactions_failed"] += 1
-        note_write(self.store.save_interaction(interaction))
+        self.store.save_interaction(interaction)
 
     # ------------------------------------------------------------------ rewards
 
@@ -358,7 +360,7 @@ class SessionManager:
                                      param="interaction_id")
         previous = target.reward
         target.reward = float(reward)
-        note_write(self.store.save_interaction(target))
+        self.store.save_interaction(target)
 
         def undo() -> None:
             target.reward = previous

@@ -2,13 +2,14 @@
 
 :class:`DurabilityMiddleware` opens a :class:`~rlgate.core.request_scope.RequestScope` per
 request and holds the response's ``http.response.start`` until the store writes the
-request made (their sequence numbers, noted in the scope) are durable, so a
+request made (their sequence numbers, recorded in the scope by the session manager's
+:class:`~rlgate.core.request_scope.ScopedStore` as each write is made) are durable, so a
 200 from a control route (start / end session, reward, capacity) or a non-streamed
 generation means the change is committed. Streamed generations wait inside
 ``GenerationService.run`` before the final event (finish reason, usage, ``[DONE]``).
 If the store failed to write, the response is replaced by a 503 in the surface's error
 shape and the request's in-memory changes are undone
-(:func:`rlgate.core.request_scope.undo_changes`): nothing the client was refused stays in
+(:func:`rlgate.core.request_scope.store_refusal`): nothing the client was refused stays in
 memory for a later request to land on.
 
 :func:`rlgate.core.request_scope.after_response` defers work until the response has
@@ -18,14 +19,12 @@ only once its export response was sent (at-least-once exports).
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
-from rlgate.core.request_scope import begin_request, end_request, undo_changes
-from rlgate.errors import Unavailable, error_body
+from rlgate.core.request_scope import begin_request, end_request, store_refusal
+from rlgate.server.asgi_errors import send_error
 from rlgate.store.base import StoreError
-from rlgate.surfaces import error_shape
 
 log = logging.getLogger("rlgate.store")
 
@@ -51,14 +50,7 @@ class DurabilityMiddleware:
                     await request_scope.wait_durable(self.store)
                 except StoreError as exc:
                     replaced = True
-                    undone = undo_changes()
-                    log.error("%s: the store failed (%s); %d in-memory changes undone", scope.get("path"), exc, undone)
-                    err = Unavailable(str(exc), code="store_unavailable")
-                    body = json.dumps(error_body(err, error_shape(scope.get("path", "")))).encode()
-                    await send({"type": "http.response.start", "status": err.status,
-                                "headers": [(b"content-type", b"application/json"),
-                                            (b"content-length", str(len(body)).encode())]})
-                    await send({"type": "http.response.body", "body": body})
+                    await send_error(scope, send, store_refusal(exc, scope.get("path", "")), close=False)
                     return
             await send(message)
 
