@@ -551,6 +551,18 @@ async def test_sampling_parameters_and_extensions_reach_the_engine(make_app, asg
     assert len(exp["interactions"]) == 3
 
 
+async def test_strict_tools_are_reported_not_dropped(make_app, asgi_client):
+    """tools[].strict (structured tool inputs) is not enforced: reported, never dropped silently (issue 26)."""
+    tool = {"name": "add", "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+    async with asgi_client(make_app()) as c:
+        _, key = await start_session(c)
+        for extra, reported in (({"strict": True}, "tools.strict"), ({"strict": False}, None),
+                                ({"input_examples": [{"a": 1}]}, "tools.input_examples")):
+            r = await c.post("/v1/messages", headers=hdr(key), json=body(tools=[{**tool, **extra}]))
+            assert r.status_code == 200, r.text
+            assert r.headers.get("x-rlgate-ignored-params") == reported
+
+
 async def test_assistant_prefill_and_consecutive_user_messages(make_app, asgi_client, tokenizer):
     engine = FakeEngine(tokenizer, script=["B)"])
     messages = [{"role": "user", "content": "Pick one."}, {"role": "user", "content": "(A) or (B)?"},

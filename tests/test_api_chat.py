@@ -121,6 +121,20 @@ async def test_unknown_and_ignored_params_are_reported(make_app, asgi_client, ca
         assert "frequency_penalty" in caplog.text and "my_custom" in caplog.text
 
 
+async def test_strict_tools_are_reported_not_dropped(make_app, asgi_client):
+    """pydantic-ai and the Agents SDK send tools[].function.strict; the arguments are not constrained to the
+    schema (no schema-constrained decoding), so it is reported like every field without effect (issue 26)."""
+    fn = {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+    async with asgi_client(make_app()) as c:
+        _, key = await start_session(c)
+        for extra, reported in (({"strict": True}, "tools.function.strict"), ({"strict": False}, None),
+                                ({"x_hint": 1}, "tools.function.x_hint")):
+            r = await c.post("/v1/chat/completions", headers=key_headers(key), json={
+                "messages": USER, "tools": [{"type": "function", "function": {**fn, **extra}}]})
+            assert r.status_code == 200, r.text
+            assert r.headers.get("x-rlgate-ignored-params") == reported
+
+
 async def test_extensions_reach_the_engine(make_app, asgi_client, tokenizer):
     engine = FakeEngine(tokenizer)
     async with asgi_client(make_app(engine)) as c:

@@ -154,6 +154,7 @@ class AnthropicToolParam(_Open):
     description: str | None = None
     input_schema: dict[str, Any] | None = None  # required for client tools (checked in serving)
     cache_control: CacheControlEphemeralParam | None = None
+    strict: bool | None = None  # reported when true: the input is not constrained to the schema
 
 
 class ToolChoiceAutoParam(_Open):

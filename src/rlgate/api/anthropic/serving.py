@@ -247,6 +247,11 @@ def ignored_params(body: MessageCreateRequest | CountTokensRequest) -> list[str]
         names += [n for n in extra_fields(body) if n not in COUNT_TOKENS_ALSO_ACCEPTS]
     else:
         names = [n for n in IGNORED_PARAMS if getattr(body, n) is not None] + extra_fields(body)
+    tools = [t for t in body.tools or [] if isinstance(t, AnthropicToolParam)]
+    if any(t.strict for t in tools):
+        names.append("tools.strict")  # the input is not constrained to the schema
+    for t in tools:
+        names += [f"tools.{n}" for n in extra_fields(t)]
     return sorted(set(names))
 
 

@@ -87,6 +87,10 @@ def to_chat_request(body: ChatCompletionRequest) -> ChatRequest:
 
 def ignored_params(body: ChatCompletionRequest) -> list[str]:
     names = [n for n in IGNORED_PARAMS if getattr(body, n) is not None]
+    if any(t.function.strict for t in body.tools or []):
+        names.append("tools.function.strict")  # arguments are not constrained to the schema
+    for t in body.tools or []:
+        names += [f"tools.function.{n}" for n in extra_fields(t.function)]
     return sorted(set(names + extra_fields(body)))
 
 
