@@ -169,3 +169,34 @@ def test_live_ui_in_chromium(tokenizer, stop_ids, tmp_path):
             wait_for(d, "return location.pathname === '/ui/login';")
             d.get(url + "/ui")
             assert d.current_url == url + "/ui/login"
+
+
+def test_long_turn_parts_and_hidden_characters_in_chromium(tokenizer, tiny_model_dir, tmp_path):
+    """A long turn's static view holds its first and last part, linked by the pager; a bidi control
+    shows as a visible escape in the rendered text, never as the character itself."""
+    from rlgate.ui.render import TOKENS_PER_PART
+
+    text = "evil \u202e gnp.exe " + "word " * 9000
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    n = len(ids)
+    row = {"session_id": "long", "task_id": "t\u2066", "id": "turn-1", "relation": "root", "input_ids": ids,
+           "loss_mask": [0] * (n - 4) + [1] * 4, "logprobs": [-0.5] * n, "versions": [0] * n, "reward": 1.0,
+           "messages": [{"role": "user", "content": text}], "output_message": {"role": "assistant", "content": "ok"}}
+    parquet = tmp_path / "long.parquet"
+    write_parquet([row], parquet)
+    out = tmp_path / "view.html"
+    assert cli(["view", str(parquet), "--out", str(out), "--tokenizer", str(tiny_model_dir)]) == 0
+    parts = -(-n // TOKENS_PER_PART)
+    with chromium() as d:
+        d.get(out.as_uri())
+        click(d, "long")
+        click(d, "turn-1")
+        start = wait_for(d, "return document.querySelector('main .strip')?.dataset.start;")
+        assert start == "0"
+        body = d.find_element("css selector", "main").text
+        assert "\u202e" not in body and "\u2066" not in body and "⟨U+202E⟩" in body
+        assert d.find_element("css selector", "main .strip kbd.cc").is_displayed()
+        d.find_element("css selector", "main nav.pager a[rel=last]").click()
+        wait_for(d, f"return document.querySelector('main .strip')?.dataset.start === '{(parts - 1) * TOKENS_PER_PART}';")
+        assert len(wait_for(d, TOKENS_JS)) == n - (parts - 1) * TOKENS_PER_PART
+        assert console_errors(d) == []

@@ -28,6 +28,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any
 
 FLAG_WORDS = {
@@ -70,17 +71,17 @@ class Turn:
     @property
     def prompt_len(self) -> int:
         """Tokens before the first generated one."""
-        for k, m in enumerate(self.loss_mask):
-            if m:
-                return k
-        return len(self.loss_mask)
+        try:
+            return self.loss_mask.index(1)
+        except ValueError:
+            return len(self.loss_mask)
 
     @property
     def n_generated(self) -> int:
-        return sum(1 for m in self.loss_mask if m)
+        return self.loss_mask.count(1)
 
     def generated_versions(self) -> list[int]:
-        return [v for v, m in zip(self.versions, self.loss_mask, strict=False) if m]
+        return list(compress(self.versions, self.loss_mask))
 
 
 @dataclass
@@ -213,10 +214,10 @@ def expand_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def turn_from_row(row: Mapping[str, Any], session_id: str) -> Turn:
-    ids = [int(x) for x in row["input_ids"]]
-    mask = [int(x) for x in row.get("loss_mask") or [0] * len(ids)]
-    lps = [float(x) for x in row.get("logprobs") or [0.0] * len(ids)]
-    vers = [int(x) for x in row.get("versions") or [-1] * len(ids)]
+    ids = list(map(int, row["input_ids"]))  # map: a 1M-token turn is converted in C
+    mask = list(map(int, row.get("loss_mask") or [0] * len(ids)))  # 0 / 1 (Turn.prompt_len looks for 1)
+    lps = list(map(float, row.get("logprobs") or [0.0] * len(ids)))
+    vers = list(map(int, row.get("versions") or [-1] * len(ids)))
     flags = list(row.get("flags") or [])
     if row.get("relation") == "fork" and "fork" not in flags:
         flags.append("fork")

@@ -6,6 +6,7 @@ route                                  what
 GET  /ui                               sessions list (newest ``limit``, filters)
 GET  /ui/session?id=SID                a session's conversation tree
 GET  /ui/turn?session=SID&id=TID       one interaction: tokens, messages, request
+     [&part=N]                         (a long one in parts of 4,096 tokens: render.py)
 GET  /ui/group?id=GID                  a GRPO group side by side
 GET  /ui/login, POST /ui/login         the login form (key in the body, never a URL)
 POST /ui/logout                        forget this browser's login
@@ -41,7 +42,7 @@ from rlgate.ui.render import (
     session_view,
     sessions_list,
 )
-from rlgate.ui.tokens import token_texts
+from rlgate.ui.tokens import token_texts_window
 
 log = logging.getLogger("rlgate.ui")
 
@@ -172,7 +173,8 @@ async def session_page(request: Request, id: str = "") -> Response:  # noqa: A00
 
 
 @router.get("/ui/turn")
-async def turn_page(request: Request, session: str = "", id: str = "") -> Response:  # noqa: A002
+async def turn_page(request: Request, session: str = "", id: str = "", part: int = 1) -> Response:  # noqa: A002
+    """One part of a turn (``part``: 1, 2, ...; a page shows a bounded window of a long turn)."""
     sid, tid = session, id
     if (r := _to_login(request)) is not None:
         return r
@@ -189,9 +191,11 @@ async def turn_page(request: Request, session: str = "", id: str = "") -> Respon
     mark_stale([ep], lag)
     tokenizer = _tokenizer(request)
 
+    def texts(start: int, end: int) -> list[str]:
+        return token_texts_window(tokenizer, turn.input_ids, start, end)
+
     def render() -> str:
-        return interaction_view(ep, turn, token_texts(tokenizer, turn.input_ids), LINKS,
-                                newest_version=version, stale_lag=lag)
+        return interaction_view(ep, turn, texts, LINKS, newest_version=version, stale_lag=lag, part=part)
 
     return _page(request, f"turn {tid}", await asyncio.to_thread(render))
 

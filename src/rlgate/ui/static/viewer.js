@@ -57,9 +57,9 @@
 
   var KIND = { p: "prompt", c: "context (parent turn)", b: "bridge / glue", g: "generated" };
   doc.addEventListener("mouseover", function (ev) {
-    var t = ev.target, tip = doc.getElementById("tip");
+    var t = ev.target.closest ? ev.target.closest("[data-token-id]") : null, tip = doc.getElementById("tip");
     if (!tip) return;
-    if (!t.dataset || t.dataset.tokenId === undefined) { tip.hidden = true; return; }
+    if (!t) { tip.hidden = true; return; }
     var lp = parseFloat(t.dataset.logprob), gen = t.dataset.loss === "1";
     tip.textContent = "token " + t.dataset.tokenId + "  " + JSON.stringify(t.textContent) + "\n" +
       KIND[t.className.charAt(0)] + (gen ? "  logprob " + lp.toFixed(4) + "  p " + Math.exp(lp).toFixed(3) +
