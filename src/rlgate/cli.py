@@ -174,20 +174,71 @@ def write_secret_file(path: Path, text: str) -> None:
         raise
 
 
+_HELD_KEY_FILES: list[int] = []  # descriptors holding the lock on this process's --admin-key-file
+
+
+def claim_key_file(path: Path) -> None:
+    """SystemExit if a running gateway holds ``path`` (its ``--admin-key-file``): rewriting it would
+    lock that gateway's clients out. The holder keeps an ``flock`` on the file while it runs."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # no file yet (or unreadable: writing it will say so)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(f"rlgate: --admin-key-file {path} holds the admin key of a running gateway; "
+                         "not overwriting it (choose another file, or stop that gateway first)") from None
+    finally:
+        os.close(fd)
+
+
+def publish_key_file(path: Path, key: str) -> None:
+    """Write the key (0600, not through a link) and hold the file's lock until this process exits."""
+    import fcntl
+
+    write_secret_file(path, key + "\n")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # another gateway claimed it in between: it keeps it
+        os.close(fd)
+        raise SystemExit(f"rlgate: --admin-key-file {path} was claimed by another gateway meanwhile") from None
+    _HELD_KEY_FILES.append(fd)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     _offline_env()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     admin_key, generated = resolve_admin_key(args)
-    if args.admin_key_file:
-        write_secret_file(Path(args.admin_key_file), admin_key + "\n")
-    if generated:
-        if args.admin_key_file:
-            print(f"rlgate: generated an admin key; written to {args.admin_key_file} (mode 0600)", flush=True)
-        else:
-            print(f"rlgate: generated admin key (shown once): {admin_key}", flush=True)
+    # Everything that can fail comes before the key file is written: a second `rlgate serve` with the
+    # same --admin-key-file must not replace the key of the gateway that is running.
+    key_file = Path(args.admin_key_file) if args.admin_key_file else None
+    from rlgate.train.gateway import port_problem
+
+    problem = port_problem(args.port, args.host)
+    if problem is not None:
+        raise SystemExit(f"rlgate: cannot serve on {args.host}:{args.port} ({problem}); is a gateway already "
+                         "running there? Choose another --port")
+    if key_file is not None:
+        claim_key_file(key_file)
+
+    def announce() -> None:
+        if key_file is not None:
+            publish_key_file(key_file, admin_key)
+        if generated:
+            if key_file is not None:
+                print(f"rlgate: generated an admin key; written to {key_file} (mode 0600)", flush=True)
+            else:
+                print(f"rlgate: generated admin key (shown once): {admin_key}", flush=True)
+
     if args.replicas > 0:
+        announce()
         return serve_cluster(args, admin_key)
     app = build_app(args, admin_key)
+    announce()
     from rlgate.server.serve import serve
 
     return serve(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log,
@@ -230,12 +281,21 @@ def serve_cluster(args: argparse.Namespace, admin_key: str) -> int:
         raise SystemExit("rlgate: with --replicas each replica keeps its own store under --data-dir "
                          "(DATA_DIR/replica-<i>/rlgate.sqlite); --store accepts only ':memory:' there")
     data_dir = None if args.store == ":memory:" else str(Path(args.data_dir or default_data_dir()).resolve())
+    if cfg.ray_token_file is None and not cfg.ray_address:  # a local cluster's new Ray token, mode 0600
+        from rlgate.cluster.ray_security import default_token_file
+
+        token_file = default_token_file(args.admin_key_file, data_dir)
+        cfg.ray_token_file = None if token_file is None else str(token_file)
     spec = ReplicaSpec(model=str(Path(args.model).resolve()), config=gateway_config(args, admin_key),
                        engine=engine_spec(args, cfg.replicas), data_dir=data_dir, store_sync=args.store_sync,
                        host=cfg.replica_host, log_level="warning" if args.log_level == "info" else args.log_level)
     cluster = Cluster(spec, cfg)
     try:
         cluster.start()
+        from rlgate.cluster.ray_security import startup_report
+
+        for line in startup_report(cluster.info(), router=f"{args.host}:{args.port}"):  # Ray's ports, never its token
+            print(f"rlgate: {line}", flush=True)
         import uvicorn
 
         from rlgate.server import logging_filters

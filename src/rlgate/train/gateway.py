@@ -26,8 +26,9 @@ from typing import Any
 import httpx
 
 from rlgate.client import GatewayClient, GatewayClientError
+from rlgate.config import ClusterConfig
 from rlgate.rollout.errors import RunError
-from rlgate.train.config import TrainConfig
+from rlgate.train.config import RaySettings, TrainConfig
 
 
 @dataclass
@@ -77,18 +78,25 @@ def _json(r: httpx.Response) -> Any:
         return {}
 
 
-def check_port_free(port: int, host: str = "127.0.0.1") -> None:
-    """RunError unless the server could bind ``host:port``. With ``SO_REUSEADDR``, as uvicorn
-    binds: connections of a finished run in TIME_WAIT (~60 s) do not make the port busy, a
-    listening socket does."""
+def port_problem(port: int, host: str = "127.0.0.1") -> str | None:
+    """Why a server could not bind ``host:port`` (None: it could). Bound with ``SO_REUSEADDR``, as
+    uvicorn binds: connections of a finished run in TIME_WAIT (~60 s) do not make the port busy,
+    a listening socket does."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:
-            raise RunError(f"gateway.port: {host}:{port} is not available ({exc.strerror}); "
-                           "choose another --port, or leave it unset for a free one") from None
+            return exc.strerror or str(exc)
+    return None
+
+
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    problem = port_problem(port, host)
+    if problem is not None:
+        raise RunError(f"gateway.port: {host}:{port} is not available ({problem}); "
+                       "choose another --port, or leave it unset for a free one")
 
 
 _ANY = ("0.0.0.0", "::", "")
@@ -120,6 +128,14 @@ def node_ip() -> str:
             return "127.0.0.1"
 
 
+def ray_cluster_config(ray: RaySettings, **more: Any) -> ClusterConfig:
+    """The ``ray:`` section as the cluster layer's settings (address, token, opt-out, CPUs)."""
+    from rlgate.config import ClusterConfig
+
+    return ClusterConfig(ray_address=ray.address, ray_num_cpus=ray.num_cpus, ray_token_file=ray.token_file,
+                         ray_allow_unauthenticated=ray.allow_unauthenticated, **more)
+
+
 def check_ray() -> None:
     """RunError unless Ray (the ``cluster`` extra) is installed."""
     try:
@@ -137,11 +153,10 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path, *, 
 
     if cfg.ray is not None:
         from rlgate.cluster.launch import init_ray
-        from rlgate.config import ClusterConfig
 
         check_ray()
         try:
-            await asyncio.to_thread(init_ray, ClusterConfig(ray_address=cfg.ray.address, ray_num_cpus=cfg.ray.num_cpus))
+            await asyncio.to_thread(init_ray, ray_cluster_config(cfg.ray))
         except Exception as exc:  # noqa: BLE001 - name the setting, not Ray's internals
             raise RunError(f"ray: cannot {'join ' + cfg.ray.address if cfg.ray.address else 'start a local Ray'} "
                            f"({type(exc).__name__}: {exc})") from None
@@ -197,7 +212,7 @@ async def _start_replicas(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) 
     from rlgate.cluster.engines import LocalEngineSpec
     from rlgate.cluster.launch import Cluster
     from rlgate.cluster.replica import ReplicaSpec
-    from rlgate.config import ClusterConfig, GatewayConfig
+    from rlgate.config import GatewayConfig
 
     assert cfg.ray is not None
     admin_key = secrets.token_urlsafe(32)
@@ -211,10 +226,10 @@ async def _start_replicas(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) 
                                max_context_length=cfg.gateway.context_length),
         host=cfg.ray.replica_host,
         data_dir=str(Path(cfg.ray.data_dir or Path(cfg.out_dir) / "replicas").resolve()))
-    cluster = Cluster(spec, ClusterConfig(replicas=cfg.ray.replicas, ray_address=cfg.ray.address,
-                                          replica_num_cpus=cfg.ray.replica_num_cpus,
-                                          replica_num_gpus=cfg.ray.replica_num_gpus,
-                                          replica_host=cfg.ray.replica_host))
+    cluster = Cluster(spec, ray_cluster_config(cfg.ray, replicas=cfg.ray.replicas,
+                                               replica_num_cpus=cfg.ray.replica_num_cpus,
+                                               replica_num_gpus=cfg.ray.replica_num_gpus,
+                                               replica_host=cfg.ray.replica_host))
     try:
         await asyncio.to_thread(cluster.start)
         url = advertised_url(cluster.start_router(cfg.gateway.host, cfg.gateway.port or 0), cfg.gateway.host)
