@@ -273,7 +273,8 @@ BAD = [
     ("input object", {"input": {"role": "user", "content": "hi"}}, "input"),
     ("missing input", {"model": "x"}, "input"),
     ("empty input list", {"input": []}, "input"),
-    ("unknown item type", {"input": [{"type": "item_reference", "id": "msg_1"}]}, "input"),
+    ("unknown item type", {"input": [{"type": "mcp_call", "id": "mcp_1"}]}, "input"),
+    ("unknown item_reference", {"input": [{"type": "item_reference", "id": "rs_nope"}]}, "input[0].id"),
     ("item without type or role", {"input": [{"content": "hi"}]}, "input"),
     ("tool role message", {"input": [{"role": "tool", "content": "x"}]}, "input"),
     ("content number", {"input": [{"role": "user", "content": 5}]}, "input"),
@@ -332,7 +333,8 @@ async def test_bad_input_messages_name_the_problem(make_app, asgi_client):
             assert r.status_code == 400
             return r.json()["error"]["message"]
 
-        assert "item_reference" in await message({"input": [{"type": "item_reference", "id": "x"}]})
+        assert "mcp_call" in await message({"input": [{"type": "mcp_call", "id": "x"}]})
+        assert "'rs_x' not found" in await message({"input": [{"type": "item_reference", "id": "rs_x"}]})
         assert "'nope'" in await message({"input": [{"type": "function_call_output", "call_id": "nope",
                                                     "output": "1"}]})
         assert "not found" in await message({"input": "hi", "previous_response_id": "resp_x"})

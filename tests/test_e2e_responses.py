@@ -85,6 +85,48 @@ async def test_sdk_function_call_round_trip(make_app, tokenizer):
     assert child["input_ids"][: len(parent["input_ids"])] == parent["input_ids"]
 
 
+async def test_item_references_resolve_to_the_items_returned_before(make_app, tokenizer):
+    """The Vercel AI SDK's default openai() provider (store on) sends back each output item it received as
+    {"type": "item_reference", "id": ...}: resolved within the session to the item rlgate returned, the
+    turn extends its parent; an id that names no stored item of the session is a 400 (issue 26)."""
+    engine = FakeEngine(tokenizer, script=["<think>Use add.</think>Let me add.\n" + CALL, "The sum is 3.",
+                                           "<think>Again.</think>" + CALL, "3 again.", "x", "y"])
+    async with gateway(make_app(engine, reasoning_parser="think")) as (admin, sid, key, oai):
+        user = {"role": "user", "content": "What is 1 + 2?"}
+        r1 = await oai.responses.create(model="tiny", input=[user], tools=TOOLS)
+        rs, msg, call = r1.output
+        assert (rs.type, msg.type, call.type) == ("reasoning", "message", "function_call")
+        # every item by reference (what the SDK sends with store on), then the tool result
+        refs = [{"type": "item_reference", "id": o.id} for o in r1.output]
+        result = {"type": "function_call_output", "call_id": call.call_id, "output": "3"}
+        r2 = await oai.responses.create(model="tiny", input=[user, *refs, result], tools=TOOLS)
+        assert r2.output_text == "The sum is 3."
+        # the reasoning by reference, the call echoed in full (the SDK's mix); streamed this time
+        second = {"role": "user", "content": "Once more?"}
+        h2 = [*refs, result, {"type": "item_reference", "id": r2.output[0].id}, second]
+        stream = await oai.responses.create(model="tiny", input=[user, *h2], tools=TOOLS, stream=True)
+        r3 = [ev async for ev in stream][-1].response
+        rs3, call3 = r3.output
+        mixed = [{"type": "item_reference", "id": rs3.id}, call3.model_dump(exclude_none=True),
+                 {"type": "function_call_output", "call_id": call3.call_id, "output": "3"}]
+        r4 = await oai.responses.create(model="tiny", input=[user, *h2, *mixed], tools=TOOLS)
+        assert r4.output_text == "3 again."
+        for bad in ("rs_unknown", rs.id + "0", f"fc_{r1.id[5:]}0007", f"msg_{r3.id[5:]}"):  # r3 has no message
+            with pytest.raises(openai.BadRequestError) as info:
+                await oai.responses.create(model="tiny", input=[user, {"type": "item_reference", "id": bad}])
+            err = info.value.body
+            assert info.value.status_code == 400 and err["param"] == "input[1].id" and bad in err["message"], err
+        # a response stored with store=false cannot be referenced (as previous_response_id cannot)
+        r5 = await oai.responses.create(model="tiny", input=[user], store=False)
+        with pytest.raises(openai.BadRequestError):
+            await oai.responses.create(model="tiny", input=[user, {"type": "item_reference", "id": r5.output[0].id}])
+        exp = await export(admin, sid, key)
+    a, b, c, d, _ = exp["interactions"]
+    assert [i["relation"] for i in (a, b, c, d)] == ["root", "extend", "extend", "extend"]
+    assert (b["parent_id"], c["parent_id"], d["parent_id"]) == (a["id"], b["id"], c["id"])
+    assert d["input_ids"][: len(a["input_ids"])] == a["input_ids"]
+
+
 async def test_sdk_previous_response_id(make_app, tokenizer):
     engine = FakeEngine(tokenizer, script=["Let me add.\n" + CALL, "It is 3.", "You're welcome."])
     async with gateway(make_app(engine)) as (admin, sid, key, oai):

@@ -12,16 +12,21 @@ trajectory recorded, and the new request extends it:
 * a ``function_call_output`` becomes a tool message (its ``call_id`` must name an
   earlier ``function_call``);
 * ``instructions`` become a leading system message; ``developer`` messages are system
-  messages.
+  messages;
+* an ``item_reference`` names an output item of an earlier stored response of the session
+  (``rs_…``, ``msg_…``, ``fc_…``: ids made from the response's id) and stands for that item as
+  rlgate returned it; an id no such response has is a 400 naming the id.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rlgate.api.common import extra_fields
 from rlgate.api.normalize import Sampling, chat_request, openai_tool_choice
 from rlgate.api.openai_chat.serving import parse_image_url
+from rlgate.api.openai_responses.objects import referenced
 from rlgate.api.openai_responses.protocol import (
     IGNORED_PARAMS,
     REFUSED_PARAMS,
@@ -30,9 +35,11 @@ from rlgate.api.openai_responses.protocol import (
     FunctionCallItem,
     FunctionCallOutputItem,
     InputImagePart,
+    ItemReference,
     LocalShellCallItem,
     LocalShellCallOutputItem,
     MessageItem,
+    ReasoningContent,
     ReasoningItem,
     RefusalPart,
     ResponseCreateRequest,
@@ -72,10 +79,33 @@ def _reasoning_text(item: ReasoningItem) -> str:
     return "\n\n".join(s.text for s in item.summary)
 
 
+Resolved = str | Message | ToolCall  # what an item reference stands for: reasoning, a reply's text, a call
+
+
+def stored_item(session: Session, item_id: str) -> Resolved | None:
+    """The output item ``item_id`` of a completed, stored response of ``session``, in the form the
+    input items become (reasoning text, the reply's text as an assistant message, the model's call)."""
+    ref = referenced(item_id)
+    prev = session.interactions.get(ref[0]) if ref is not None else None
+    if ref is None or prev is None or not prev.completed or not prev.client_store or prev.api != "responses":
+        return None
+    reply, kind, index = prev.output_message, ref[1], ref[2]
+    if reply is None:
+        return None
+    if kind == "reasoning":
+        return reply.reasoning or None
+    if kind == "message":
+        return Message(role="assistant", content=[p for p in reply.content if isinstance(p, TextPart)]) \
+            if reply.text else None
+    return reply.tool_calls[index] if index < len(reply.tool_calls) else None
+
+
 def convert_input(items: list[Any], history: list[Message] | None = None,
-                  tools: ResponseTools | None = None) -> list[Message]:
+                  tools: ResponseTools | None = None,
+                  resolve: Callable[[str], Resolved | None] | None = None) -> list[Message]:
     """Input items -> messages, appended to ``history`` (the previous response's conversation).
-    ``tools`` maps echoed namespace / custom / local shell calls back to the model's calls."""
+    ``tools`` maps echoed namespace / custom / local shell calls back to the model's calls;
+    ``resolve`` finds what an ``item_reference`` names (None: references are unknown)."""
     tools = tools or ResponseTools()
     messages = list(history or [])
     calls = {tc.id: tc.name for m in messages for tc in m.tool_calls}  # call_id -> function name
@@ -83,6 +113,26 @@ def convert_input(items: list[Any], history: list[Message] | None = None,
     reasoning: str | None = None  # for the next assistant turn
     for i, item in enumerate(items):
         where = f"input[{i}]"
+        if isinstance(item, ItemReference):
+            found = resolve(item.id) if resolve is not None else None
+            if found is None:
+                raise InvalidRequest(f"Item with id {item.id!r} not found.", param=f"{where}.id",
+                                     code="item_not_found")
+            if isinstance(found, str):
+                item = ReasoningItem(type="reasoning", content=[ReasoningContent(text=found)])
+            elif isinstance(found, Message):
+                messages.append(Message(role="assistant", content=list(found.content), reasoning=reasoning or None))
+                open_turn, reasoning = True, None
+                continue
+            else:
+                if open_turn:
+                    messages[-1].tool_calls.append(found)
+                else:
+                    messages.append(Message(role="assistant", tool_calls=[found], reasoning=reasoning or None))
+                    open_turn = True
+                reasoning = None
+                calls[found.id] = found.name
+                continue
         if isinstance(item, ReasoningItem):
             text = _reasoning_text(item)
             reasoning = text if reasoning is None else reasoning + "\n\n" + text
@@ -167,7 +217,7 @@ def to_chat_request(body: ResponseCreateRequest, session: Session, tools: Respon
         else:
             history.insert(0, system)
     items = [MessageItem(role="user", content=body.input)] if isinstance(body.input, str) else body.input
-    messages = convert_input(items, history, tools)
+    messages = convert_input(items, history, tools, lambda item_id: stored_item(session, item_id))
     sampling = Sampling(max_tokens=body.max_output_tokens, max_total_tokens=body.max_total_tokens,
                         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
                         store=body.store)

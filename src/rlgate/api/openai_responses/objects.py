@@ -22,6 +22,7 @@ from rlgate.core.request import ChatRequest
 
 __all__ = [
     "ItemIds",
+    "referenced",
     "ResponseContext",
     "context",
     "final_response",
@@ -154,16 +155,40 @@ def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
 
 @dataclass
 class ItemIds:
-    """Ids of a response's output items (the same in the streamed events and the final object)."""
+    """Ids of a response's output items (the same in the streamed events and the final object).
+
+    Made from the response's id (:meth:`of`): ``resp_X`` has the items ``rs_X``, ``msg_X`` and
+    ``fc_X0000``, ``fc_X0001``... (the call's index in 4 hex digits), so an ``item_reference`` names
+    its response (:func:`referenced`)."""
 
     reasoning: str = field(default_factory=lambda: new_id("rs_"))
     message: str = field(default_factory=lambda: new_id("msg_"))
     calls: list[str] = field(default_factory=list)
+    call_prefix: str | None = None  # "fc_X": call ids are this + index in 4 hex digits (None: random ids)
+
+    @classmethod
+    def of(cls, response_id: str) -> ItemIds:
+        x = response_id.removeprefix("resp_")
+        return cls(reasoning=f"rs_{x}", message=f"msg_{x}", call_prefix=f"fc_{x}")
 
     def call(self, index: int) -> str:
         while len(self.calls) <= index:
-            self.calls.append(new_id("fc_"))
+            n = len(self.calls)
+            self.calls.append(new_id("fc_") if self.call_prefix is None else f"{self.call_prefix}{n:04x}")
         return self.calls[index]
+
+
+def referenced(item_id: str) -> tuple[str, str, int] | None:
+    """``(response id, kind, call index)`` of an output item id made by :meth:`ItemIds.of` (kind:
+    reasoning, message or call), or None."""
+    kind, _, rest = item_id.partition("_")
+    if kind == "fc":
+        x, n = rest[:-4], rest[-4:]
+        ok = len(rest) > 4 and all(ch in "0123456789abcdef" for ch in n)
+        return (f"resp_{x}", "call", int(n, 16)) if ok else None
+    if kind in ("rs", "msg") and rest:
+        return f"resp_{rest}", "reasoning" if kind == "rs" else "message", 0
+    return None
 
 
 def output_items(

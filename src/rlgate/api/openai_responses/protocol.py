@@ -184,6 +184,14 @@ class ReasoningItem(_Open):
     status: str | None = None
 
 
+class ItemReference(_Open):
+    """An item of an earlier response of this session, named by its id (``rs_…``, ``msg_…``, ``fc_…``):
+    the Vercel AI SDK's ``openai()`` provider sends one for each reasoning item it received."""
+
+    type: Literal["item_reference"]
+    id: str = Field(min_length=1, max_length=256)
+
+
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
@@ -192,11 +200,12 @@ InputItem = Annotated[
     | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
     | Annotated[LocalShellCallItem, Tag("local_shell_call")]
     | Annotated[LocalShellCallOutputItem, Tag("local_shell_call_output")]
-    | Annotated[ReasoningItem, Tag("reasoning")],
+    | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[ItemReference, Tag("item_reference")],
     Discriminator(_tag),
 ]
 ITEM_TYPES = ("message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
-              "local_shell_call", "local_shell_call_output", "reasoning")
+              "local_shell_call", "local_shell_call_output", "reasoning", "item_reference")
 _PART_TAGS = {"input_text", "output_text", "input_image", "refusal"}
 _ITEM = TypeAdapter(InputItem)
 

@@ -52,9 +52,9 @@ class ItemBuilder:
     function calls (announced once the text is complete, see the module docstring).
     """
 
-    def __init__(self, tools: ResponseTools) -> None:
+    def __init__(self, tools: ResponseTools, ids: ItemIds | None = None) -> None:
         self.tools = tools
-        self.ids = ItemIds()
+        self.ids = ids if ids is not None else ItemIds()
         self.done: list[dict[str, Any]] = []  # output items finished so far (for response.failed)
         self.reasoning = ""
         self.content = ""
@@ -162,7 +162,7 @@ class ItemBuilder:
 async def complete(service: GenerationService, prepared: Prepared, ctx: ResponseContext) -> dict[str, Any]:
     f = await service.complete(prepared)
     return final_response(service, ctx, f, output_items(f.reasoning, f.content, f.tool_calls, f.finish_reason,
-                                                        ItemIds(), ctx.tools))
+                                                        ItemIds.of(f.interaction_id), ctx.tools))
 
 
 async def failed_stream(ctx: ResponseContext, exc: GatewayError) -> AsyncIterator[bytes]:
@@ -182,7 +182,7 @@ async def stream_events(service: GenerationService, prepared: Prepared, ctx: Res
     failure, an ``error`` and a ``response.failed`` event end the stream (api/streaming.py,
     frames from ``rlgate.surfaces``, which the cluster router uses too)."""
     rid = prepared.interaction_id
-    builder = ItemBuilder(ctx.tools)
+    builder = ItemBuilder(ctx.tools, ItemIds.of(rid))
     st = ResponsesStream(response_json(ctx, rid, status="in_progress", output=[]), output=builder.done)
     event = st.event
 
