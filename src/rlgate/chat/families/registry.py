@@ -14,7 +14,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlgate.chat.families import deepseek_r1, glm45, gpt_oss, kimi_k2, llama3, qwen3, qwen3_5, qwen3_2507
+from rlgate.chat.families import (
+    deepseek_r1,
+    gemma3,
+    glm45,
+    gpt_oss,
+    kimi_k2,
+    llama3,
+    qwen3,
+    qwen3_5,
+    qwen3_2507,
+    smollm2,
+)
 from rlgate.chat.families.base import CheckpointInfo, ModelFamily
 from rlgate.chat.families.generic import generic_family
 
@@ -30,6 +41,8 @@ FAMILIES: tuple[ModelFamily, ...] = (
     qwen3_2507.THINKING,
     qwen3_2507.INSTRUCT,
     qwen3.FAMILY,
+    smollm2.FAMILY,
+    gemma3.FAMILY,
 )
 
 
