@@ -95,3 +95,17 @@ def brief_tiny_model(src, dst, eos_probability: float = 0.3):
             lo, hi = (mid, hi) if p < eos_probability else (lo, mid)
     model.save_pretrained(dst)
     return dst
+
+
+def dummy_checkpoint(directory) -> str:
+    """A directory that passes every engine's checkpoint check (engine/weights_path.py): one
+    ``model.safetensors`` holding no tensor. For engines that do not read the weights (the fake
+    engine, remote engines in front of scripted backends); returns its absolute path."""
+    import struct
+    from pathlib import Path
+
+    directory = Path(directory).resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    header = b"{}"
+    (directory / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    return str(directory)

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from helpers import dummy_checkpoint
 from rlgate.engine.base import EngineError, GenerateRequest, SamplingParams, WeightUpdateError, collect
 from rlgate.engine.remote.sglang import SGLangEngine
 from rlgate.engine.remote.vllm import VLLMEngine
@@ -326,6 +327,17 @@ async def test_affinity_least_loaded_and_failover_modes():
 # ------------------------------------------------------------------ weight updates
 
 
+@pytest.fixture
+def v1(tmp_path) -> str:
+    """A checkpoint directory the gateway can see (every engine checks it before any backend hears of it)."""
+    return dummy_checkpoint(tmp_path / "v1")
+
+
+@pytest.fixture
+def v2(tmp_path) -> str:
+    return dummy_checkpoint(tmp_path / "v2")
+
+
 class Fleet:
     """Scripted SGLang backends for weight-update tests."""
 
@@ -368,13 +380,13 @@ class Fleet:
         return [b for h, p, b in self.calls if h == host and p == path]
 
 
-async def test_update_pauses_loads_everywhere_then_bumps():
+async def test_update_pauses_loads_everywhere_then_bumps(v1):
     fleet = Fleet()
     engine = fleet.engine()
-    assert await engine.update_weights_from_path("/ckpt/v1") == 1
+    assert await engine.update_weights_from_path(v1) == 1
     for host in ("b0", "b1"):
         assert fleet.paths(host, "/pause_generation") == [{"mode": "retract"}]
-        assert fleet.paths(host, "/update_weights_from_disk") == [{"model_path": "/ckpt/v1", "weight_version": "1"}]
+        assert fleet.paths(host, "/update_weights_from_disk") == [{"model_path": v1, "weight_version": "1"}]
         assert len(fleet.paths(host, "/continue_generation")) == 1
     order = [p for h, p, _ in fleet.calls if h == "b0" and p in ("/pause_generation", "/update_weights_from_disk",
                                                                   "/continue_generation")]
@@ -383,17 +395,17 @@ async def test_update_pauses_loads_everywhere_then_bumps():
     assert result.output_versions == [1, 1]
 
 
-async def test_refused_update_rolls_back_the_others_and_keeps_the_version():
+async def test_refused_update_rolls_back_the_others_and_keeps_the_version(v1):
     fleet = Fleet()
     fleet.refuse.add("b1")
     engine = fleet.engine()
     with pytest.raises(WeightUpdateError) as err:
-        await engine.update_weights_from_path("/ckpt/v1")
+        await engine.update_weights_from_path(v1)
     msg = err.value.message
     assert "failed on 1 of 2" in msg and "http://b1:1" in msg and "keeps weight version 0" in msg
     assert "rolled back to the previous weights: http://b0:1" in msg
     assert engine.version == 0
-    assert [b["model_path"] for b in fleet.paths("b0", "/update_weights_from_disk")] == ["/ckpt/v1", "/ckpt/launch"]
+    assert [b["model_path"] for b in fleet.paths("b0", "/update_weights_from_disk")] == [v1, "/ckpt/launch"]
     assert fleet.labels == {"b0": "default", "b1": "default"}
     assert all(b.state == "healthy" for b in engine.backends)
     assert len(fleet.paths("b0", "/continue_generation")) == 1  # generation resumed everywhere
@@ -402,14 +414,14 @@ async def test_refused_update_rolls_back_the_others_and_keeps_the_version():
         assert (await collect(engine.stream(req(session=s)))).output_versions == [0, 0]
 
 
-async def test_interrupted_update_and_failed_rollback_quarantine():
+async def test_interrupted_update_and_failed_rollback_quarantine(v1):
     fleet = Fleet(3)
     fleet.break_on.add("b1")  # transport error: state unknown, rolled back
     fleet.refuse.add("b2")
     fleet.refuse_rollback.add("b0")  # b0 loaded v1 but cannot go back
     engine = fleet.engine()
     with pytest.raises(WeightUpdateError) as err:
-        await engine.update_weights_from_path("/ckpt/v1")
+        await engine.update_weights_from_path(v1)
     states = {b.url: b.state for b in engine.backends}
     assert states == {"http://b0:1": "stale", "http://b1:1": "healthy", "http://b2:1": "healthy"}
     assert "out of rotation until resynced" in err.value.message and "http://b0:1" in err.value.message
@@ -421,32 +433,32 @@ async def test_interrupted_update_and_failed_rollback_quarantine():
     fleet.refuse.clear()
     fleet.break_on.clear()
     fleet.refuse_rollback.clear()
-    assert await engine.update_weights_from_path("/ckpt/v1") == 1
+    assert await engine.update_weights_from_path(v1) == 1
     await engine.check_backends()  # the health loop resyncs b0 to version 1
     assert engine.backends[0].state == "healthy" and engine.backends[0].version == 1
     assert fleet.labels["b0"] == "1"
 
 
-async def test_backend_down_during_update_is_resynced_before_it_rejoins():
+async def test_backend_down_during_update_is_resynced_before_it_rejoins(v1):
     fleet = Fleet()
     engine = fleet.engine()
     await engine.ensure_ready()
     engine.backends[1].set_state("down", "test")
-    assert await engine.update_weights_from_path("/ckpt/v1") == 1
+    assert await engine.update_weights_from_path(v1) == 1
     assert fleet.paths("b1", "/update_weights_from_disk") == []
     fleet.labels["b1"] = "default"  # it restarted with its launch weights
     await engine.check_backends()
     assert engine.backends[1].state == "healthy" and engine.backends[1].version == 1
-    assert fleet.paths("b1", "/update_weights_from_disk") == [{"model_path": "/ckpt/v1", "weight_version": "1"}]
+    assert fleet.paths("b1", "/update_weights_from_disk") == [{"model_path": v1, "weight_version": "1"}]
 
 
-async def test_no_backend_available_for_update_is_503():
+async def test_no_backend_available_for_update_is_503(v1):
     fleet = Fleet(1)
     engine = fleet.engine()
     await engine.ensure_ready()
     engine.backends[0].set_state("down", "test")
     with pytest.raises(WeightUpdateError) as err:
-        await engine.update_weights_from_path("/ckpt/v1")
+        await engine.update_weights_from_path(v1)
     assert err.value.status == 503 and engine.version == 0
 
 
@@ -515,7 +527,7 @@ async def test_vllm_malformed_answers(name):
     assert err.value.status == (503 if name == "abort" else 502), err.value.message
 
 
-async def test_vllm_weight_update_protocol_and_missing_dev_mode():
+async def test_vllm_weight_update_protocol_and_missing_dev_mode(v1, v2):
     calls: list[tuple[str, Any]] = []
     dev = {"on": True}
 
@@ -529,18 +541,18 @@ async def test_vllm_weight_update_protocol_and_missing_dev_mode():
         return httpx.Response(200, json={"status": "ok"})
 
     engine = vllm(handler)
-    assert await engine.update_weights_from_path("/ckpt/v1") == 1
+    assert await engine.update_weights_from_path(v1) == 1
     assert calls == [
         ("/pause?mode=abort", None),
         ("/collective_rpc", {"method": "update_config", "timeout": 1800.0,
-                             "args": [{"model_config": {"model": "/ckpt/v1"}}]}),
+                             "args": [{"model_config": {"model": v1}}]}),
         ("/collective_rpc", {"method": "reload_weights", "timeout": 1800.0}),
         ("/reset_prefix_cache", None),
         ("/resume", None),
     ]
     dev["on"] = False
     with pytest.raises(WeightUpdateError) as err:
-        await engine.update_weights_from_path("/ckpt/v2")
+        await engine.update_weights_from_path(v2)
     assert "VLLM_SERVER_DEV_MODE=1" in err.value.message and engine.version == 1
     assert engine.backends[0].state == "healthy"  # it refused before touching its weights
 

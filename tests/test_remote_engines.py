@@ -16,7 +16,7 @@ import sys
 import httpx
 import pytest
 
-from helpers import ADMIN_KEY, admin_headers, eventually, key_headers
+from helpers import ADMIN_KEY, admin_headers, dummy_checkpoint, eventually, key_headers
 from remote_helpers import (
     REMOTE_KINDS,
     fake_app,
@@ -191,8 +191,7 @@ async def test_failover_move_continues_the_session_token_exactly(kind, make_app,
 @pytest.mark.parametrize("kind", REMOTE_KINDS)
 async def test_weight_update_reaches_all_backends_and_failure_does_not_bump(kind, make_app, tokenizer,
                                                                            tiny_model_dir, tmp_path):
-    ckpt = tmp_path / "step-1"
-    ckpt.mkdir()
+    ckpt = dummy_checkpoint(tmp_path / "step-1")  # the fake engines behind the backends check it, do not read it
     with fleet(kind, tokenizer, tiny_model_dir) as (urls, engines):
         engine = remote_engine(kind, urls, max_context_length=2048)
         with ServerThread(make_app(engine)) as gw:

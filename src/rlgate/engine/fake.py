@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,9 +26,9 @@ from rlgate.engine.base import (
     GenerateRequest,
     StreamingEngineMixin,
     TokenDelta,
-    WeightUpdateError,
 )
 from rlgate.engine.options import EngineOptions
+from rlgate.engine.weights_path import checkpoint_dir
 
 _FILLER = " the quick brown fox jumps over the lazy dog and runs away"
 KEEP_REQUESTS = 10_000  # FakeEngine.requests keeps at most this many (oldest dropped in halves)
@@ -160,8 +159,9 @@ class FakeEngine(StreamingEngineMixin):
                 self.aborted += 1
 
     async def update_weights_from_path(self, path: str) -> int:
-        if not os.path.isdir(path):
-            raise WeightUpdateError(f"no checkpoint directory at {path!r}")
+        """Check the checkpoint directory as every engine does (engine/weights_path.py: the files
+        are not read), then bump the version."""
+        await asyncio.to_thread(checkpoint_dir, path)
         self._version += 1
         return self._version
 

@@ -4,25 +4,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import torch
 
 from rlgate.engine.base import WeightUpdateError
+from rlgate.engine.weights_path import checkpoint_dir
 
 __all__ = ["load_safetensors_dir", "match_state_dict"]
 
 
 def load_safetensors_dir(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
-    """Read every ``*.safetensors`` file of a checkpoint directory (sharded or not)."""
+    """Read every ``*.safetensors`` file of a checkpoint directory (sharded or not), once the
+    directory passed the check every engine makes (:func:`rlgate.engine.weights_path.checkpoint_dir`)."""
     from safetensors.torch import load_file
 
-    root = Path(path)
-    if not root.is_dir():
-        raise WeightUpdateError(f"checkpoint directory not found: {root}")
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise WeightUpdateError(f"no *.safetensors files in {root}")
+    files = checkpoint_dir(path).files
     state: dict[str, torch.Tensor] = {}
     for f in files:
         try:

@@ -79,6 +79,7 @@ from rlgate.engine.remote.options import RemoteOptions
 from rlgate.engine.remote.pool import BackendPool, Failover
 from rlgate.engine.remote.weights import BackendWeights
 from rlgate.engine.remote.wire import Chunk, StreamState, check_tokens, drain, sse_data
+from rlgate.engine.weights_path import checkpoint_dir
 
 __all__ = ["MAX_RESUMES", "PROBE_TIMEOUT", "RemoteEngine"]
 
@@ -215,7 +216,10 @@ class RemoteEngine(StreamingEngineMixin):
         await self.weights.check_all()
 
     async def update_weights_from_path(self, path: str) -> int:
-        """Load ``path`` on every eligible backend; bump the version only if all succeeded."""
+        """Load ``path`` on every eligible backend; bump the version only if all succeeded. The
+        directory is checked first, here, as every engine checks it (engine/weights_path.py): it
+        must be visible at the same path to the gateway and to the backends."""
+        await asyncio.to_thread(checkpoint_dir, path)
         await self.ensure_ready()
         return await self.weights.update(str(path))
 
