@@ -276,6 +276,12 @@ def _param_name(name: str, limit: int = 64) -> str:
     return "".join(out)
 
 
+def retry_attempt(request: Request) -> int:
+    """The Stainless SDKs' (OpenAI, Anthropic) ``x-stainless-retry-count``: 0 for a first attempt."""
+    value = request.headers.get("x-stainless-retry-count", "")
+    return min(int(value), 1000) if value.isascii() and value.isdigit() else 0
+
+
 def report_ignored(surface: str, names: list[str]) -> dict[str, str]:
     """Log parameters rlgate accepted but does not act on; return a response header for them."""
     if not names:

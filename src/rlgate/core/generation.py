@@ -64,6 +64,8 @@ INLINE_CHARS = 32 * 1024
 # A tokenizer's normalizer (NFC, NFKC...) may merge up to three characters into one before
 # the vocabulary sees them: the character bound on prompts allows for it.
 NORMALIZER_SLACK = 3
+# A retried request supersedes an earlier attempt among the session's last this many interactions.
+RETRY_LOOKBACK = 64
 
 
 @dataclass
@@ -379,6 +381,8 @@ class GenerationService:
         stream = self.engine.stream(
             GenerateRequest(p.prompt_ids, p.sampling, request_id=p.interaction_id, session_id=p.session.id)
         )
+        if p.request.retry_attempt > 0:
+            self._supersede_earlier_attempt(p.session, p.interaction, p.request.retry_attempt)
         self.sessions.add_interaction(p.session, p.interaction, image_bytes=p.image_bytes)
         p.session.in_flight += 1
         try:
@@ -429,6 +433,30 @@ class GenerationService:
             raise store_refusal(exc, f"{p.api} stream of session {p.session.id}") from exc
         yield final
 
+    def _supersede_earlier_attempt(self, session: Session, new: Interaction, attempt: int) -> None:
+        """A retried request (``x-stainless-retry-count`` > 0: the SDK gave up on an attempt, e.g. at its
+        timeout, and sent it again) is the same turn as the latest earlier attempt with the same parent and
+        the same prompt that nothing extends. That attempt, which the client never received, is recorded
+        as failed (at once, or when it ends if it is still generating), so the turn is recorded once, not
+        as a second branch; the retry takes its place in the tree (its relation and fork reason)."""
+        for prev in reversed(list(session.interactions.values())[-RETRY_LOOKBACK:]):
+            if (prev.status == "failed" or prev.superseded_by is not None or prev.parent_id != new.parent_id
+                    or len(prev.prompt_ids) != len(new.prompt_ids) or prev.prompt_ids != new.prompt_ids):
+                continue
+            if any(i.parent_id == prev.id for i in session.interactions.values()):
+                return  # the client went on from it: not an attempt it gave up on
+            new.relation, new.fork_reason = prev.relation, prev.fork_reason
+            log.info("session %s: %s is retry %d of %s; the earlier attempt is recorded as failed", session.id,
+                     new.id, attempt, prev.id)
+            if prev.status == "pending":
+                prev.superseded_by = new.id
+            else:
+                ids = session.prefix_index.get(prev.prefix_key)
+                if ids and prev.id in ids:
+                    ids.remove(prev.id)
+                self.sessions.fail_interaction(session, prev, _superseded(new.id))
+            return
+
     def _fail(self, p: Prepared, error: str, generated: int, first_token_at: float | None) -> None:
         if p.interaction.status == "pending":
             self.sessions.fail_interaction(p.session, p.interaction, error)
@@ -478,7 +506,10 @@ class GenerationService:
             inter.stop_kind = stop_kind
             inter.output_message = message
             inter.prefix_key = p.chain.copy().add(message).hexdigest()
-            self.sessions.complete_interaction(p.session, inter)
+            if inter.superseded_by is not None:  # the client retried it meanwhile: the retry is the turn
+                self.sessions.fail_interaction(p.session, inter, _superseded(inter.superseded_by))
+            else:
+                self.sessions.complete_interaction(p.session, inter)
         log.debug("session %s turn %s: %s, %d prompt + %d generated tokens, finish %s (%s)", p.session.id,
                   p.interaction_id, inter.relation if inter is not None else "-", len(p.prompt_ids), kept, finish,
                   stop_kind)
@@ -514,6 +545,10 @@ class GenerationService:
                 final = ev
         assert final is not None
         return final
+
+
+def _superseded(retry_id: str) -> str:
+    return f"superseded by {retry_id}: the client retried the request (x-stainless-retry-count), never received this"
 
 
 async def _abort(stream: AsyncGenerator[Any, None]) -> None:

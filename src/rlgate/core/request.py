@@ -40,3 +40,6 @@ class ChatRequest:
     # it says; False only means previous_response_id cannot name this call later.
     store: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # The SDK's retry count (x-stainless-retry-count): > 0 when the client resends a request it gave
+    # up on (a timeout); the earlier attempt of the same turn is then superseded, not a second branch.
+    retry_attempt: int = 0

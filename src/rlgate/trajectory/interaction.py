@@ -45,6 +45,9 @@ class Interaction:
     # The client's "store" flag. The call is recorded either way; False only means a later
     # request cannot name it with previous_response_id (the Responses API's semantics).
     client_store: bool = True
+    # Set while pending when the client retried this request (x-stainless-retry-count): it is then
+    # recorded as failed when it ends (the client never received it), not as a second branch. In memory.
+    superseded_by: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def completed(self) -> bool:

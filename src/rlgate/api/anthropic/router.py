@@ -8,7 +8,7 @@ from fastapi.responses import StreamingResponse
 from rlgate.api.anthropic import serving
 from rlgate.api.anthropic.protocol import CountTokensRequest, MessageCreateRequest
 from rlgate.api.auth import session_from_request
-from rlgate.api.common import JsonResponse, parse_model, read_json, report_ignored
+from rlgate.api.common import JsonResponse, parse_model, read_json, report_ignored, retry_attempt
 from rlgate.api.openapi import body_schema
 
 router = APIRouter()
@@ -21,6 +21,7 @@ async def create_message(request: Request):
     session = session_from_request(request)
     body = parse_model(MessageCreateRequest, await read_json(request))
     chat = serving.to_chat_request(body)
+    chat.retry_attempt = retry_attempt(request)
     headers = report_ignored("messages", serving.ignored_params(body))
     prepared = await gw.generation.prepare(session, chat, api="messages", id_prefix=serving.ID_PREFIX,
                                      call_id=serving.tool_use_id)

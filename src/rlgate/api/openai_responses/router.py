@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from rlgate.api.auth import session_from_request
-from rlgate.api.common import JsonResponse, parse_model, read_json, report_ignored
+from rlgate.api.common import JsonResponse, parse_model, read_json, report_ignored, retry_attempt
 from rlgate.api.openai_responses import convert, objects, serving
 from rlgate.api.openai_responses.protocol import ResponseCreateRequest
 from rlgate.api.openai_responses.tools import response_tools
@@ -25,6 +25,7 @@ async def create_response(request: Request):
     body = parse_model(ResponseCreateRequest, await read_json(request))
     tools = response_tools(body.tools)
     chat = convert.to_chat_request(body, session, tools)
+    chat.retry_attempt = retry_attempt(request)
     headers = report_ignored("responses", convert.ignored_params(body, tools))
     ctx = objects.context(body, chat, body.model or gw.config.model_name, tools)
     try:
