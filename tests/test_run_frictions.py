@@ -77,3 +77,111 @@ def test_a_second_serve_never_replaces_the_key_of_the_running_gateway(tiny_model
     from rlgate.cli import claim_key_file
 
     claim_key_file(key_file)
+
+
+# --------------------------------------------------------------------------- runs through the CLI
+
+
+@pytest.fixture
+def work(tmp_path, tiny_model_dir):
+    from train_helpers import write_workdir
+
+    return write_workdir(tmp_path, tiny_model_dir)
+
+
+def test_a_resume_that_fails_keeps_every_line_of_evals_jsonl(work):
+    """Friction 6: the resumed run dropped the checkpoint step's evaluation line up front; a resume
+    that then died (here: a checkpoint that does not load) lost it for good."""
+    import json
+
+    import torch
+
+    from train_helpers import base_config, rlgate
+
+    run = work / "run"
+    ckpt = run / "checkpoints" / "step-000001"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text("{not json")
+    torch.save({"optimizer": {}, "step": 1, "version": 1, "history": []}, ckpt / "trainer_state.pt")
+    (run / "checkpoints" / "latest").write_text("step-000001")
+    evals = "".join(json.dumps({"step": s, "reward_mean": 0.5}) + "\n" for s in (0, 1))
+    (run / "evals.jsonl").write_text(evals)
+    r = rlgate(work, "train", "--config", "cfg.yaml",
+               config=base_config(steps=2, eval_dataset={"path": "train.jsonl", "limit": 2}))
+    assert r.code == 1 and "step-000001" in r.err, r.text
+    assert (run / "evals.jsonl").read_text() == evals
+
+
+def _train_until(work, sig, *extra):
+    """Start `rlgate train` (SIGINT as from a terminal), send ``sig`` once a step is logged; (rc, output)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "train", "--config", "cfg.yaml", *extra],
+                            cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    metrics = work / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 900
+    while not (metrics.is_file() and metrics.read_text().strip()):  # a completed step
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=900)
+    return proc.returncode, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_sigterm_saves_the_last_finished_step_and_the_run_resumes_from_it(work):
+    """Friction 7: SIGTERM (a scheduler preempting the job) exited 143 at once, silently, losing up to
+    checkpoint_every - 1 steps."""
+    import json
+    import signal
+
+    import yaml
+
+    from train_helpers import base_config, rlgate
+
+    (work / "cfg.yaml").write_text(yaml.safe_dump(base_config(steps=1000, checkpoint_every=500)))
+    code, out = _train_until(work, signal.SIGTERM)
+    assert code == 143, out
+    run = work / "run"
+    done = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    latest = (run / "checkpoints" / "latest").read_text()
+    step = int(latest.removeprefix("step-"))
+    assert step == int(done[-1]) >= 1  # no older than the last finished step
+    assert (run / "checkpoints" / latest / "model.safetensors").is_file()
+    assert f"terminated (SIGTERM): step {step} saved to run/checkpoints/{latest}; run the same command " \
+           "again to resume" in out
+    assert "Traceback" not in out
+    r = rlgate(work, "train", "--config", "cfg.yaml", "--set", f"steps={step + 1}")
+    assert r.code == 0, r.text
+    assert f"resuming from run/checkpoints/{latest} (step {step})" in r.out
+    assert (run / "checkpoints" / "latest").read_text() == f"step-{step + 1:06d}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_ctrl_c_message_is_the_documented_one_when_the_step_was_already_saved(work):
+    """Friction 8: with checkpoint_every 1 (the walk-through's) Ctrl-C printed `interrupted: no step
+    since …`, not the line docs/training.md shows."""
+    import re
+    import signal
+    from pathlib import Path
+
+    import yaml
+
+    from train_helpers import base_config
+
+    (work / "cfg.yaml").write_text(yaml.safe_dump(base_config(steps=1000, checkpoint_every=1)))
+    code, out = _train_until(work, signal.SIGINT)
+    assert code == 130, out
+    latest = (work / "run" / "checkpoints" / "latest").read_text()
+    doc = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    documented = re.search(r"`(interrupted: step N saved to [^`]+)`", doc).group(1)
+    expected = documented.replace("step N", f"step {int(latest[5:])}").replace(
+        "out_dir/checkpoints/step-NNNNNN", f"run/checkpoints/{latest}")
+    assert expected in out, out

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import shutil
 import signal
@@ -214,10 +215,32 @@ def _trim_jsonl(path: Path, upto: int | None) -> None:
     path.write_text("".join(line + "\n" for line in keep))
 
 
+class Terminated(Exception):  # noqa: N818 - what happened, as KeyboardInterrupt
+    """The run was stopped by SIGTERM (a scheduler preempting it): the last completed step is saved,
+    the message printed; ``rlgate train`` exits 143 (128 + SIGTERM)."""
+
+
 async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: bool | None = None,
                        interrupt: Interrupt | None = None) -> dict[str, Any]:
     """Run ``cfg``; returns a summary. ``stdout=False`` silences the per-step lines (the demo draws a bar);
-    ``interrupt`` lets another thread stop the run as Ctrl-C does."""
+    ``interrupt`` lets another thread stop the run as Ctrl-C does. SIGTERM (in the main thread) stops
+    it as Ctrl-C does too, then raises :class:`Terminated`."""
+    ctrl_c = _CtrlC()
+    ctrl_c.install()
+    try:
+        return await _run_training(cfg, hooks, stdout=stdout, interrupt=interrupt, ctrl_c=ctrl_c)
+    except asyncio.CancelledError:
+        if not ctrl_c.terminated:
+            raise
+        if not ctrl_c.reported:
+            print("\nterminated (SIGTERM) before the first step of this run: nothing new to save", flush=True)
+        raise Terminated from None
+    finally:
+        ctrl_c.restore()
+
+
+async def _run_training(cfg: TrainConfig, hooks: Hooks | None, *, stdout: bool | None,
+                        interrupt: Interrupt | None, ctrl_c: _CtrlC) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -243,15 +266,14 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
     resumed = state.step > 0
     _trim_jsonl(out / "metrics.jsonl", state.step if resumed else None)
     # a resumed run evaluates its starting checkpoint again (at state.step): that line is its own
-    _trim_jsonl(out / "evals.jsonl", state.step - 1 if resumed else None)
+    # (replaced when that evaluation is logged, not now: a resume that fails before it keeps the line)
+    _trim_jsonl(out / "evals.jsonl", state.step if resumed else None)
     if state.step == 0:
         shutil.rmtree(out / "tensorboard", ignore_errors=True)
         shutil.rmtree(out / "trajectories", ignore_errors=True)
     # ------------------------------------------------------------------ 2. gateway
     weights = ckpt or prep.model
     gw = await open_gateway(cfg, weights, prep.model, version=int(saved.get("version") or 0) if saved else 0)
-    ctrl_c = _CtrlC()
-    ctrl_c.install()
     trackers = None
     exporter = None
     runner = None
@@ -306,8 +328,9 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
             await grpo_loop(trainer=trainer, runner=runner, sync=gw.sync,
                             prompts=_prompts(prep.data, cfg.seed, state), steps=remaining, state=state,
                             on_step=on_step)
-        except asyncio.CancelledError:  # Ctrl-C: keep what was learned
-            message = _save_on_interrupt(run)
+        except asyncio.CancelledError:  # Ctrl-C or SIGTERM: keep what was learned
+            message = _save_on_interrupt(run, "terminated (SIGTERM)" if ctrl_c.terminated else "interrupted")
+            ctrl_c.reported = True
             if interrupt is not None:
                 interrupt.message = message  # the driver prints it (train/remote.py)
             else:
@@ -322,7 +345,6 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
         return {"steps": state.step, "version": state.version, "eval_start": first_eval, "eval_end": final_eval,
                 "checkpoint": str(run.last_checkpoint), "out_dir": str(out)}
     finally:
-        ctrl_c.restore()
         if trackers is not None:
             trackers.close()
         if exporter is not None:
@@ -335,15 +357,28 @@ async def run_training(cfg: TrainConfig, hooks: Hooks | None = None, *, stdout: 
 class _CtrlC:
     """Notes a Ctrl-C (SIGINT) before handing it to the handler in place (asyncio.run's, which
     cancels the main task). A cancellation can be lost if it lands while a library swallows it
-    (seen once under heavy load); the note makes the loop stop at the next step all the same."""
+    (seen once under heavy load); the note makes the loop stop at the next step all the same.
+
+    SIGTERM (what a scheduler sends before killing a job) is handled the same way: the run's task
+    is cancelled, the last completed step saved, and ``terminated`` set; a second SIGTERM kills
+    the process at once (the default action)."""
 
     def __init__(self) -> None:
         self.seen = False
+        self.terminated = False  # the stop came from SIGTERM
+        self.reported = False  # the message saying what was saved has been printed
         self._previous: Any = None
+        self._previous_term: Any = None
+        self._task: asyncio.Task[Any] | None = None
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # signals reach the main thread only
+        self._task = asyncio.current_task()
+        previous_term = signal.getsignal(signal.SIGTERM)
+        if previous_term in (signal.SIG_DFL, None):  # nobody else asked for it (never override a host's)
+            self._previous_term = previous_term
+            signal.signal(signal.SIGTERM, self._handle_term)
         previous = signal.getsignal(signal.SIGINT)
         if previous == signal.SIG_IGN:
             return  # started with SIGINT ignored (a background job): keep it so
@@ -357,10 +392,21 @@ class _CtrlC:
         else:
             raise KeyboardInterrupt
 
+    def _handle_term(self, signum: int, frame: Any) -> None:
+        if self.terminated or self._task is None or self._task.done():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the second one: exit now
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        self.seen = self.terminated = True
+        self._task.cancel()  # as asyncio.run's SIGINT handler does
+        self._task.get_loop().call_soon_threadsafe(lambda: None)  # wake the loop
+
     def restore(self) -> None:
         if self._previous is not None and signal.getsignal(signal.SIGINT) == self._handle:
             signal.signal(signal.SIGINT, self._previous)
-        self._previous = None
+        if signal.getsignal(signal.SIGTERM) == self._handle_term:
+            signal.signal(signal.SIGTERM, self._previous_term or signal.SIG_DFL)
+        self._previous = self._previous_term = self._task = None
 
 
 class Interrupt:
@@ -395,14 +441,14 @@ class Interrupt:
                     pass
 
 
-def _save_on_interrupt(run: TrainRun) -> str:
-    """Saves the last completed step; the message saying where."""
+def _save_on_interrupt(run: TrainRun, what: str = "interrupted") -> str:
+    """Saves the last completed step (unless its checkpoint exists); the message saying where."""
     if run.state.step and (run.last_checkpoint is None or run.last_checkpoint.name != f"step-{run.state.step:06d}"):
-        path = run.checkpoint()
-        return f"\ninterrupted: step {run.state.step} saved to {path}; run the same command again to resume"
+        run.checkpoint()
     if run.last_checkpoint is not None:
-        return f"\ninterrupted: no step since {run.last_checkpoint}; run the same command again to resume"
-    return "\ninterrupted before the first step: nothing to save"
+        step = int(run.last_checkpoint.name.removeprefix("step-"))
+        return f"\n{what}: step {step} saved to {run.last_checkpoint}; run the same command again to resume"
+    return f"\n{what} before the first step: nothing to save"
 
 
 def report_error(exc: BaseException, command: str = "train") -> int:
@@ -413,7 +459,8 @@ def report_error(exc: BaseException, command: str = "train") -> int:
 
 @dataclass
 class Outcome:
-    """How a run ended: ``code`` 0 done, 1 failed, 2 config invalid, 130 interrupted."""
+    """How a run ended: ``code`` 0 done, 1 failed, 2 config invalid, 130 interrupted (Ctrl-C), 143
+    terminated (SIGTERM)."""
 
     code: int
     result: dict[str, Any] | None = None  # run_training's summary (code 0)
@@ -435,6 +482,8 @@ def run_outcome(cfg: TrainConfig, *, interrupt: Interrupt | None = None) -> Outc
         return Outcome(1, error=f"lost the gateway: {type(exc).__name__}: {exc}")
     except (KeyboardInterrupt, asyncio.CancelledError):
         return Outcome(130)
+    except Terminated:
+        return Outcome(143)
     return Outcome(0, result)
 
 

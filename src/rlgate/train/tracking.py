@@ -69,7 +69,15 @@ class StdoutTracker:
 
 class JsonlTracker:
     def __init__(self, path: Path) -> None:
+        self.path = path
         self.file = path.open("a", encoding="utf-8")
+
+    def drop_from(self, step: int) -> None:
+        """Remove the lines of ``step`` and later (a resumed run redoing them); appends go on at the end."""
+        self.file.flush()
+        keep = [line for line in self.path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line).get("step", 0) < step]
+        self.path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.file.write(json.dumps({"step": float(step), **metrics}) + "\n")
@@ -166,6 +174,9 @@ class Trackers:
                  start_step: int = 0) -> None:
         name = cfg.tracking.run_name or out.resolve().name
         self.evals = JsonlTracker(out / "evals.jsonl")
+        # a resumed run evaluates its starting checkpoint again: that evaluation replaces the old line
+        # (when it is logged, so that a resume failing before it loses nothing)
+        self._replace_eval_at: int | None = start_step or None
         self.items: list[Tracker] = [JsonlTracker(out / "metrics.jsonl")]
         if cfg.tracking.stdout if stdout is None else stdout:
             self.items.append(StdoutTracker(total_steps))
@@ -182,6 +193,9 @@ class Trackers:
 
     def log_eval(self, step: int, metrics: dict[str, float]) -> None:
         """Evaluation results: to evals.jsonl, and as ``eval/<name>`` to the other trackers."""
+        if self._replace_eval_at is not None and step >= self._replace_eval_at:
+            self.evals.drop_from(step)
+            self._replace_eval_at = None
         self.evals.log(step, metrics)
         tagged = {f"eval/{k}": v for k, v in metrics.items()}
         for t in self.items:
