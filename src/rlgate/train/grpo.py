@@ -338,6 +338,7 @@ async def grpo_loop(
                     await allowance.grant(replace)
             for sample in samples:
                 sample.step = state.step + 1
+                sample.train_version = state.version  # what the viewer judges staleness against
             t_rollout = time.perf_counter() - t0
             # ------------------------------------------------------------ 2-4. optimise
             t1 = time.perf_counter()

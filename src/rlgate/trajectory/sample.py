@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 # Optional fields left out of the wire form while unset (concat-only, or set by rollout).
-_OMIT_WHEN_NONE = ("chain", "turn_rewards", "group_id", "episode", "step")
+_OMIT_WHEN_NONE = ("chain", "turn_rewards", "group_id", "episode", "step", "train_version")
 
 
 @dataclass
@@ -48,6 +48,7 @@ class Sample:
     group_id: str | None = None  # the GRPO group (rollout runner)
     episode: int | None = None  # the episode's index within its group (rollout runner)
     step: int | None = None  # the training step that used it (grpo_loop)
+    train_version: int | None = None  # the policy version that step trained (its staleness reference)
     extra: dict[str, Any] = field(default_factory=dict)  # wire fields this version does not know (kept)
 
     def __post_init__(self) -> None:

@@ -17,8 +17,8 @@ GRPO group         ``group_id``, ``group``         the task (the rollout runner 
                                                    session's task after its group)
 training step      ``step``                        none
 advantage          ``advantage``                   computed: reward - group mean
-policy version     ``train_version``, ``version``  the newest token version in the file
-                   at training time
+policy version     ``train_version``, ``version``  the newest token version of the same
+                   at training time                                   ``step``, else in the file
 =================  ==============================  ========================================
 """
 
@@ -321,12 +321,18 @@ def assign_advantages(episodes: list[Any]) -> None:
 
 
 def mark_stale(episodes: list[Episode], lag: int) -> None:
-    """Flag turns with generated tokens more than ``lag`` versions behind their reference (the
-    version they were trained at, else the newest version in the data)."""
+    """Flag turns with generated tokens more than ``lag`` versions behind their reference: the
+    version they were trained at (``train_version``), else the newest version of their training
+    step (a run's per-step dumps), else the newest version in the data."""
     newest = max((v for e in episodes for t in e.turns for v in t.generated_versions()), default=-1)
+    per_step: dict[int, int] = {}
     for e in episodes:
+        if e.step is not None:
+            per_step[e.step] = max([per_step.get(e.step, -1), *(v for t in e.turns for v in t.generated_versions())])
+    for e in episodes:
+        step_ref = per_step.get(e.step, newest) if e.step is not None else newest
         for t in e.turns:
-            ref = t.train_version if t.train_version is not None else newest
+            ref = t.train_version if t.train_version is not None else step_ref
             gen = t.generated_versions()
             if gen and ref - min(gen) > lag and "stale" not in t.flags:
                 t.flags.append("stale")
