@@ -12,11 +12,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+
+log = logging.getLogger("rlgate.client")
+
+# A dropped connection (issue 25: one end_session in ~700 failed with httpx.ReadError) is retried
+# this many times, after these pauses: for every call when the request was never sent (no
+# connection), and for idempotent calls (health, metrics, end_session, set_reward, an export
+# that keeps the session) also when the answer was lost.
+RETRY_PAUSES_S = (0.05, 0.25, 1.0)
 
 
 class GatewayClientError(Exception):
@@ -53,13 +63,13 @@ class SessionHandle:
             body["interaction_id"] = interaction_id
         if self.ended:  # the session key no longer rewards an ended session; the admin key does
             body["session_id"] = self.session_id
-            return await self._client._post("/rl/set_reward", body)
-        return await self._client._post("/rl/set_reward", body, key=self.api_key)
+            return await self._client._post("/rl/set_reward", body, idempotent=True)
+        return await self._client._post("/rl/set_reward", body, key=self.api_key, idempotent=True)
 
     async def end(self) -> int:
         if self.ended:
             return -1
-        out = await self._client._post("/rl/end_session", {}, key=self.api_key)
+        out = await self._client._post("/rl/end_session", {}, key=self.api_key, idempotent=True)
         self.ended = True
         return int(out["interaction_count"])
 
@@ -81,9 +91,19 @@ class GatewayClient:
         self._own = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=timeout)
 
-    async def _request(self, method: str, route: str, body: Any = None, *, key: str | None = None) -> Any:
+    async def _request(self, method: str, route: str, body: Any = None, *, key: str | None = None,
+                       idempotent: bool = False) -> Any:
         headers = {"Authorization": f"Bearer {key or self.admin_key}"}
-        r = await self._http.request(method, self.base_url + route, json=body, headers=headers)
+        for attempt in range(len(RETRY_PAUSES_S) + 1):
+            try:
+                r = await self._http.request(method, self.base_url + route, json=body, headers=headers)
+                break
+            except httpx.TransportError as exc:
+                sent = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
+                if attempt == len(RETRY_PAUSES_S) or (sent and not idempotent):
+                    raise
+                log.warning("%s %s: %s; retrying", method, route, type(exc).__name__)
+                await asyncio.sleep(RETRY_PAUSES_S[attempt])
         try:
             data = r.json()
         except ValueError:
@@ -92,14 +112,14 @@ class GatewayClient:
             raise GatewayClientError(r.status_code, data, route)
         return data
 
-    async def _post(self, route: str, body: Any, *, key: str | None = None) -> Any:
-        return await self._request("POST", route, body, key=key)
+    async def _post(self, route: str, body: Any, *, key: str | None = None, idempotent: bool = False) -> Any:
+        return await self._request("POST", route, body, key=key, idempotent=idempotent)
 
     async def health(self) -> dict[str, Any]:
-        return await self._request("GET", "/health")
+        return await self._request("GET", "/health", idempotent=True)
 
     async def metrics(self) -> dict[str, Any]:
-        return await self._request("GET", "/rl/metrics")
+        return await self._request("GET", "/rl/metrics", idempotent=True)
 
     async def grant_capacity(self, count: int = 1) -> int:
         """Admit ``count`` more sessions (gateway in ``granted`` capacity mode)."""
@@ -135,7 +155,7 @@ class GatewayClient:
         return await self._post("/export_trajectories", {
             "session_id": session_id, "discount": discount, "style": style, "keep": keep,
             "wait_timeout": wait_timeout,
-        })
+        }, idempotent=keep)  # without keep, an export retires the session: a lost answer is not retried
 
     async def update_weights(self, path: str) -> int:
         return int((await self._post("/rl/update_weights", {"path": str(path)}))["version"])
