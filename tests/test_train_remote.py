@@ -167,10 +167,16 @@ def _alive(pid: int) -> bool:
 @pytest.mark.timeout(3600)
 def test_the_trainer_joins_an_existing_cluster(work, tmp_path_factory):
     from helpers import free_port
+    from rlgate.cluster.ray_security import write_token_file
 
     port = free_port()
-    log = tmp_path_factory.mktemp("ray-head") / "head.log"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    head_dir = tmp_path_factory.mktemp("ray-head")
+    log = head_dir / "head.log"
+    token = write_token_file(head_dir / "ray-auth-token")  # the cluster requires its token: rlgate joins no other
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    # Ray's single-machine mode keeps the head on 127.0.0.1 (every port on loopback)
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), RAY_USAGE_STATS_ENABLED="0",
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     with log.open("w") as f:  # `ray start --block` ends its cluster when terminated
         head = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
                                  "--port", str(port), "--node-ip-address", "127.0.0.1", "--num-cpus", "4",
@@ -182,7 +188,8 @@ def test_the_trainer_joins_an_existing_cluster(work, tmp_path_factory):
             assert head.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
-        config = base_config(steps=1, ray={"address": f"127.0.0.1:{port}", "trainer": {"num_cpus": 1}})
+        config = base_config(steps=1, ray={"address": f"127.0.0.1:{port}", "token_file": str(token),
+                                           "trainer": {"num_cpus": 1}})
         proc = _popen(work, config)
         out, err = proc.communicate(timeout=3000)
         assert proc.returncode == 0, out + err

@@ -165,7 +165,18 @@ class ClusterConfig:
     replicas: int = field(default=0, metadata={
         "help": "run N gateway replicas as Ray actors behind a router on --host/--port (0: one plain gateway)"})
     ray_address: str | None = field(default=None, metadata={
-        "help": "join this Ray cluster (e.g. 'auto' or HOST:6379) instead of starting a local one"})
+        "help": "join this Ray cluster (e.g. 'auto' or HOST:6379) instead of starting a local one; it must run "
+                "with Ray's token authentication (RAY_AUTH_MODE=token) and rlgate needs its token (--ray-token-file)"})
+    ray_token_file: str | None = field(default=None, metadata={
+        "help": "Ray's authentication token file. A local Ray cluster gets a new token at each start, written here "
+                "with mode 0600 (default: ray-auth-token beside --admin-key-file, else in --data-dir, else in a "
+                "private temporary directory); with --ray-address the cluster's token is read from here (default: "
+                "where Ray looks: $RAY_AUTH_TOKEN_PATH, $RAY_AUTH_TOKEN, ~/.ray/auth_token)",
+        "cli_default": None, "metavar": "PATH"})
+    ray_allow_unauthenticated: bool = field(default=False, metadata={
+        "help": "join --ray-address even if that Ray cluster runs WITHOUT authentication (RAY_AUTH_MODE=disabled): "
+                "anyone who can reach its ports can then run code as its user and read the admin key from the "
+                "replicas (without it: refuse to start)"})
     replica_num_cpus: float = field(default=1.0, metadata={"help": "CPUs Ray reserves for each replica"})
     replica_num_gpus: float = field(default=0.0, metadata={
         "help": "GPUs Ray reserves for each replica (1 with --engine local on GPU nodes)"})

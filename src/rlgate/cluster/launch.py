@@ -12,8 +12,9 @@
         ...                                   # agents, GatewayClient(url, KEY), the trainer
         cluster.update_weights("/ckpt/step-10")
 
-``ClusterConfig.ray_address`` joins an existing cluster (replicas are placed on its nodes);
-otherwise a local Ray cluster is started with a small object store and no dashboard.
+``ClusterConfig.ray_address`` joins an existing cluster (replicas are placed on its nodes; it must
+require Ray's token authentication, see ``cluster/ray_security.py``); otherwise a local Ray cluster
+is started with a small object store, no dashboard, token authentication and every port on loopback.
 Replica actors are named ``rlgate-replica-<i>`` in the Ray namespace, so more routers can
 attach to the same replicas (:meth:`Cluster.attach`).
 """
@@ -40,9 +41,8 @@ ACTOR_PREFIX = "rlgate-replica-"
 
 
 def ray_environment() -> None:
-    """Environment for Ray on this machine: no auth token file in $HOME, no usage reporting
-    (no network), quiet worker logs."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    """Environment for Ray on this machine: no usage reporting (no network), quiet worker logs.
+    Authentication and binds: :mod:`rlgate.cluster.ray_security` (``init_ray``)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
@@ -60,15 +60,26 @@ def local_num_cpus(config: ClusterConfig) -> int | None:
 
 def init_ray(config: ClusterConfig, *, log_to_driver: bool = False) -> None:
     """Connect to ``config.ray_address`` or start a small local Ray cluster (idempotent).
-    ``log_to_driver``: print the workers' stdout/stderr here (``ray.trainer``: the run's output)."""
+    ``log_to_driver``: print the workers' stdout/stderr here (``ray.trainer``: the run's output).
+
+    Joining needs the cluster's token, and refuses (SystemExit) a cluster without authentication
+    unless ``config.ray_allow_unauthenticated``; a local cluster gets a new token in
+    ``config.ray_token_file`` (0600) and binds every port to loopback (``cluster/ray_security.py``)."""
+    from rlgate.cluster.ray_security import prepare_join, prepare_local
+
     ray_environment()
     import ray
 
     if ray.is_initialized():
         return
     if config.ray_address:
+        prepare_join(config.ray_address, token_file=config.ray_token_file,
+                     allow_unauthenticated=config.ray_allow_unauthenticated)
         ray.init(address=config.ray_address, namespace=config.namespace, log_to_driver=log_to_driver)
         return
+    token_file = prepare_local(config.ray_token_file)
+    log.info("local Ray cluster: token authentication (token file %s, mode 0600), every port on 127.0.0.1",
+             token_file)
     for attempt in range(3):
         try:
             # a local cluster talks over loopback only; address="local": a new one even if another

@@ -129,8 +129,16 @@ class RaySettings(_Strict):
     process (each with a local engine), weights synced through the router's controller. With
     ``trainer``, the trainer too runs on the cluster, as one Ray actor."""
 
-    address: str | None = Field(default=None, description="an existing cluster ('auto', HOST:6379); "
-                                "None: start a local one")
+    address: str | None = Field(default=None, description="an existing cluster ('auto', HOST:6379), which must "
+                                "run with Ray's token authentication; None: start a local one (token "
+                                "authentication, every port on 127.0.0.1)")
+    token_file: str | None = Field(default=None, description="Ray's token file: a local cluster's new token is "
+                                   "written here (mode 0600; None: a private temporary directory); with "
+                                   "`address`, the cluster's token is read from here (None: $RAY_AUTH_TOKEN_PATH, "
+                                   "$RAY_AUTH_TOKEN, ~/.ray/auth_token)")
+    allow_unauthenticated: bool = Field(default=False, description="join `address` even if that cluster runs "
+                                        "WITHOUT authentication (anyone who reaches its ports can run code as its "
+                                        "user); false: refuse to start")
     num_cpus: int | None = Field(default=None, ge=1, description="local cluster only: CPUs it may schedule")
     replicas: int = Field(default=0, ge=0, description="gateway replicas on Ray (0: the gateway as in `gateway:`)")
     replica_num_cpus: float = Field(default=1.0, ge=0, description="CPUs Ray reserves for each replica")

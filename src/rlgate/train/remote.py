@@ -139,12 +139,12 @@ def _failure(exc: BaseException) -> Outcome:
 def _connect(cfg: TrainConfig) -> Any:
     """Checks (``prepare``), Ray joined or started, the request feasible; the ``ray`` module."""
     from rlgate.cluster.launch import init_ray
-    from rlgate.config import ClusterConfig
+    from rlgate.train.gateway import ray_cluster_config
 
     assert cfg.ray is not None and cfg.ray.trainer is not None
     prepare(cfg)  # config errors before anything is submitted
     try:
-        init_ray(ClusterConfig(ray_address=cfg.ray.address, ray_num_cpus=cfg.ray.num_cpus), log_to_driver=True)
+        init_ray(ray_cluster_config(cfg.ray), log_to_driver=True)
     except Exception as exc:  # noqa: BLE001 - name the setting, not Ray's internals
         raise RunError(f"ray: cannot {'join ' + cfg.ray.address if cfg.ray.address else 'start a local Ray'} "
                        f"({type(exc).__name__}: {exc})") from None
