@@ -224,3 +224,43 @@ def test_rlgate_view_of_a_runs_dumps_flags_no_stale_tokens_when_none_were_stale(
     write_parquet(stale, dumps / "step-000011.parquet")
     _, run = write_view([dumps], tmp_path / "view.html")  # what `rlgate view DIR` does
     assert sorted(e.id for e in run.episodes for t in e.turns if "stale" in t.flags) == ["s11-g0-0"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_live_viewer_during_rlgate_train(work):
+    """Friction 4: `gateway.ui` was an unknown key and the in-process admin key was never shown."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    import yaml
+
+    from train_helpers import base_config
+
+    (work / "cfg.yaml").write_text(yaml.safe_dump(base_config(steps=1000, checkpoint_every=500,
+                                                              gateway={"ui": True})))
+    log = work / "out.txt"
+    with log.open("w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "train", "--config", "cfg.yaml"], cwd=work,
+                                stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 900
+        while " step 1/1000 " not in log.read_text():  # the gateway is up and has recorded episodes
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        url, path = re.search(r"viewer: (\S+)/ui \(log in with the admin key in (\S+), mode 0600",
+                              log.read_text()).groups()
+        key_file = work / path
+        assert key_file == work / "run" / "admin_key" and (key_file.stat().st_mode & 0o777) == 0o600
+        key = key_file.read_text().strip()
+        page = httpx.get(f"{url}/ui", headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        assert page.status_code == 200 and "s0-g0" in page.text, page.text[:500]
+        assert httpx.get(f"{url}/ui", timeout=60).status_code in (303, 401, 403)  # admin only: to the login form
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(600)
+    assert key not in log.read_text()  # never in the output

@@ -110,6 +110,8 @@ class GatewaySettings(_Strict):
     max_tokens_cap: int | None = Field(default=None, ge=1, description="in-process: hard cap on generated tokens "
                                        "per call (agents ask for 32k+)")
     device: str | None = Field(default=None, description="in-process engine's device (None: cuda if available)")
+    ui: bool = Field(default=False, description="serve the trajectory viewer at /ui during the run (in-process "
+                     "gateway or ray.replicas' router); its admin key is written to out_dir/admin_key (0600)")
 
 
 class TrainerSettings(_Strict):
@@ -226,6 +228,9 @@ class TrainConfig(_Strict):
         if self.replicas and self.gateway.url is not None:
             raise ValueError("ray.replicas starts the gateway as replicas on Ray; it does not combine with "
                              "gateway.url (a running gateway): set one of them")
+        if self.gateway.url is not None and self.gateway.ui:
+            raise ValueError("gateway.ui serves the viewer from the gateway this run starts; a running gateway "
+                             "(gateway.url) serves its own: start it with `rlgate serve --ui`")
         if self.gateway.url is None and self.gateway.admin_key:
             raise ValueError("gateway.admin_key only applies with gateway.url (a remote gateway)")
         if self.gateway.url is None and not self.replicas and self.gateway.sync_dir:

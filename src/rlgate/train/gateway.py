@@ -136,6 +136,35 @@ def ray_cluster_config(ray: RaySettings, **more: Any) -> ClusterConfig:
                          ray_allow_unauthenticated=ray.allow_unauthenticated, **more)
 
 
+UI_RETAIN_S = 300.0  # gateway.ui: the trainer exports each episode at once; the viewer keeps them this long
+
+
+def write_key_file(path: Path, key: str) -> None:
+    """``key`` to ``path`` with mode 0600 (a new file renamed over the path: never through a link)."""
+    import contextlib
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600, O_EXCL
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def announce_ui(cfg: TrainConfig, url: str, admin_key: str) -> None:
+    """``gateway.ui``: the key to out_dir/admin_key (0600) and one line saying where to look; the key
+    itself is never printed or logged."""
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_key_file(out / "admin_key", admin_key)
+    print(f"viewer: {url}/ui (log in with the admin key in {out / 'admin_key'}, mode 0600; scripts: "
+          "Authorization: Bearer <that key>)", flush=True)
+
+
 def check_ray() -> None:
     """RunError unless Ray (the ``cluster`` extra) is installed."""
     try:
@@ -196,13 +225,16 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path, *, 
         GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
                       reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
                       context_length=cfg.gateway.context_length, max_tokens_cap=cfg.gateway.max_tokens_cap,
-                      model_name=tokenizer_dir.resolve().name),
+                      model_name=tokenizer_dir.resolve().name, ui=cfg.gateway.ui,
+                      retain_exported=UI_RETAIN_S if cfg.gateway.ui else 0.0),
         engine, MemoryStore(), tokenizer, stop_token_ids=stop_token_ids(tokenizer, tokenizer_dir))
     server = ServerThread(app, host=cfg.gateway.host, port=cfg.gateway.port or 0)
     try:
         url = advertised_url(server.start(), cfg.gateway.host)
     except RuntimeError as exc:
         raise RunError(f"gateway: the in-process gateway did not start ({exc})") from None
+    if cfg.gateway.ui:
+        announce_ui(cfg, url, admin_key)
     return OpenGateway(GatewayClient(url, admin_key), ColocatedSync(engine), server, tokenizer,
                        registries=(app.state.gateway.metrics.registry,))
 
@@ -221,7 +253,8 @@ async def _start_replicas(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) 
         config=GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
                              reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
                              context_length=cfg.gateway.context_length, max_tokens_cap=cfg.gateway.max_tokens_cap,
-                             model_name=tokenizer_dir.resolve().name),
+                             model_name=tokenizer_dir.resolve().name, ui=cfg.gateway.ui,
+                             retain_exported=UI_RETAIN_S if cfg.gateway.ui else 0.0),
         engine=LocalEngineSpec(str(weights.resolve()), device=cfg.gateway.device,
                                max_context_length=cfg.gateway.context_length),
         host=cfg.ray.replica_host,
@@ -237,6 +270,8 @@ async def _start_replicas(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) 
         await asyncio.to_thread(cluster.stop)
         raise RunError(f"ray.replicas: the {cfg.ray.replicas} gateway replicas did not start "
                        f"({type(exc).__name__}: {exc})") from None
+    if cfg.gateway.ui:
+        announce_ui(cfg, url, admin_key)
     return cluster, GatewayClient(url, admin_key)
 
 
