@@ -264,3 +264,19 @@ def test_the_live_viewer_during_rlgate_train(work):
         proc.send_signal(signal.SIGTERM)
         proc.wait(600)
     assert key not in log.read_text()  # never in the output
+
+
+async def test_the_live_viewers_raw_request_shows_the_tools(make_app, asgi_client, tokenizer):
+    """Friction 8: docs/viewer.md says the raw request shows the tools; the live turn page never did."""
+    from helpers import admin_headers, key_headers, start_session
+    from rlgate.engine.fake import FakeEngine
+
+    tool = {"type": "function", "function": {"name": "lookup_capital", "description": "Find a country's capital.",
+                                             "parameters": {"type": "object", "properties": {"country": {"type": "string"}}}}}
+    async with asgi_client(make_app(FakeEngine(tokenizer, script=["Paris."]), ui=True)) as c:
+        sid, key = await start_session(c)
+        r = await c.post("/v1/chat/completions", headers=key_headers(key),
+                         json={"messages": [{"role": "user", "content": "Capital of France?"}], "tools": [tool]})
+        page = await c.get("/ui/turn", params={"session": sid, "id": r.json()["id"]}, headers=admin_headers())
+    assert page.status_code == 200
+    assert "lookup_capital" in page.text and "Find a country" in page.text

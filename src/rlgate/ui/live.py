@@ -56,8 +56,13 @@ def episode(s: Session, only: set[str] | None = None) -> Episode:
         samples = [individual_sample(i, rewards[i.id]) for i in done if i.id in only]
         stats = {"failed": sum(1 for i in interactions if i.status == "failed")}
     step = s.metadata.get("step")
+    turns = [turn_from_row(r.to_dict(), s.id) for r in samples]
+    for t in turns:  # the raw request shows the tools the model was offered (samples do not carry them)
+        i = s.interactions.get(t.id)
+        if i is not None and i.tools:
+            t.tools = [spec.to_openai() for spec in i.tools]
     ep = Episode(id=s.id, task_id=s.task_id, group=group_of(s), step=int(step) if isinstance(step, int) else None,
-                 status=_status(s), turns=[turn_from_row(r.to_dict(), s.id) for r in samples], failed_turns=stats["failed"])
+                 status=_status(s), turns=turns, failed_turns=stats["failed"])
     return ep
 
 
