@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 export RLGATE_NPM_CACHE ?= $(HOME)/.cache/rlgate-npm
 AGENT_CLIS := @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0
 
-.PHONY: demo test test-fast lint fuzz bench install browser agent-clis models clean
+.PHONY: demo test test-core test-torch test-fast lint fuzz bench install browser agent-clis models clean
 
 # torch first, pinned, so that its build is chosen before anything pulls it in: whatever pip's
 # configuration offers for torch==2.13.0 (the CPU wheel where a local wheel directory or the
@@ -67,8 +67,20 @@ models: $(STAMP)
 	@for m in $(REAL_MODELS); do $(BIN)/rlgate models fetch $$m >/dev/null || \
 		echo "model $$m not fetched: its tests will be skipped"; done
 
+# The gateway's tests as if torch were not installed (tests/no_torch/sitecustomize.py hides it from
+# pytest and from every subprocess: rlgate serve, the fake servers); the tests that need a model or
+# training are marked `torch` (tests/conftest.py) and run in test-torch. The two make the whole suite.
+NO_TORCH := RLGATE_TESTS_NO_TORCH=1 PYTHONPATH=tests/no_torch$${PYTHONPATH:+:$$PYTHONPATH}
+
+test-core: $(STAMP)
+	$(NO_TORCH) $(BIN)/python -m pytest -q -m 'not torch'
+
+test-torch: $(STAMP)
+	$(BIN)/python -m pytest -q -m torch
+
 test: lint browser agent-clis models
-	$(BIN)/python -m pytest -q
+	$(NO_TORCH) $(BIN)/python -m pytest -q -m 'not torch'
+	$(BIN)/python -m pytest -q -m torch
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m 'not slow'

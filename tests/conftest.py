@@ -1,4 +1,12 @@
-"""Shared fixtures: the tiny model is built once per test session, offline."""
+"""Shared fixtures: the tiny tokenizer (no torch) and, for the tests that need one, the tiny model;
+each built once per test session, offline.
+
+Most tests need a tokenizer and the fake engine only (``tokenizer``, ``make_app``,
+``tiny_tokenizer_dir``); a test that needs a model takes ``tiny_model_dir`` (or is marked ``torch``)
+and is marked ``torch`` by that. ``make test-core`` runs the rest as if torch were not installed
+(``RLGATE_TESTS_NO_TORCH=1``, see tests/no_torch/sitecustomize.py): a test that imports torch
+without saying so fails there.
+"""
 
 from __future__ import annotations
 
@@ -17,27 +25,55 @@ import pytest
 
 from helpers import ADMIN_KEY
 
+WITHOUT_TORCH = os.environ.get("RLGATE_TESTS_NO_TORCH") == "1"
+# Test files that import torch at the top (every test in them needs it): not even collected without torch.
+# test_families.py: the family checkpoints are built with random weights (rlgate.testing.families).
+TORCH_FILES = ("test_engine_local.py", "test_train_loop.py", "test_train_loss.py", "test_families.py",
+               "test_real_models.py")
+collect_ignore = list(TORCH_FILES) if WITHOUT_TORCH else []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``torch`` what needs it: the tests that take the tiny model and those in TORCH_FILES;
+    without torch (make test-core) they are skipped."""
+    for item in items:
+        if "tiny_model_dir" in getattr(item, "fixturenames", ()) or item.path.name in TORCH_FILES:
+            item.add_marker(pytest.mark.torch)
+        if WITHOUT_TORCH and item.get_closest_marker("torch"):
+            item.add_marker(pytest.mark.skip(reason="needs torch (make test-core runs without it)"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model's directory without weights (tokenizer, config.json): enough for the fake engine
+    and ``rlgate serve --engine fake``; built without torch."""
+    from rlgate.demo.tiny import build_tiny_tokenizer
+
+    return build_tiny_tokenizer(tmp_path_factory.mktemp("tiny-tokenizer"), seed=0)
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with its weights (needs torch; the tests that take it are marked ``torch``)."""
     from rlgate.demo.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
 
 
 @pytest.fixture(scope="session")
-def tokenizer(tiny_model_dir: Path):
-    from transformers import AutoTokenizer
+def tokenizer(tiny_tokenizer_dir: Path):
+    from transformers import PreTrainedTokenizerFast
 
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
+    # What AutoTokenizer returns for this directory, without AutoTokenizer's import of torch (through
+    # transformers' configuration classes) when torch is installed.
+    return PreTrainedTokenizerFast.from_pretrained(tiny_tokenizer_dir)
 
 
 @pytest.fixture(scope="session")
-def stop_ids(tokenizer, tiny_model_dir) -> list[int]:
+def stop_ids(tokenizer, tiny_tokenizer_dir) -> list[int]:
     from rlgate.model import stop_token_ids
 
-    return stop_token_ids(tokenizer, tiny_model_dir)
+    return stop_token_ids(tokenizer, tiny_tokenizer_dir)
 
 
 @pytest.fixture
@@ -49,7 +85,7 @@ def engine_kind() -> str:
 
 
 @pytest.fixture
-def make_app(tokenizer, stop_ids, engine_kind, tiny_model_dir):
+def make_app(tokenizer, stop_ids, engine_kind, tiny_tokenizer_dir):
     """``make_app(engine=None, **config_overrides) -> app`` (fake engine by default)."""
     import contextlib
 
@@ -64,7 +100,7 @@ def make_app(tokenizer, stop_ids, engine_kind, tiny_model_dir):
             if engine_kind != "local":
                 from remote_helpers import serve_remotely
 
-                engine = serve_remotely(backends, engine_kind, engine, tokenizer, tiny_model_dir)
+                engine = serve_remotely(backends, engine_kind, engine, tokenizer, tiny_tokenizer_dir)
             config = GatewayConfig(admin_key=ADMIN_KEY, **overrides)
             return create_app(config, engine, store or MemoryStore(), tokenizer, stop_token_ids=stop_ids)
 

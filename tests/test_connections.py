@@ -200,11 +200,11 @@ def serve_with_fd_limit(model, nofile: int, *extra: str) -> Iterator[tuple[str, 
 
 
 @pytest.mark.slow
-def test_file_descriptor_exhaustion_neither_floods_the_log_nor_stops_the_gateway(tiny_model_dir):
+def test_file_descriptor_exhaustion_neither_floods_the_log_nor_stops_the_gateway(tiny_tokenizer_dir):
     """The landed gateway, at its open-file limit, stopped answering and wrote 255,136 "Too many
     open files" lines in a minute. Here 300 connections that never finish their headers hit a
     200-file limit: the log stays short and /health answers again within seconds."""
-    with serve_with_fd_limit(tiny_model_dir, 200, "--header-timeout", "2") as (url, lines):
+    with serve_with_fd_limit(tiny_tokenizer_dir, 200, "--header-timeout", "2") as (url, lines):
         host, port = url.removeprefix("http://").split(":")
         hogs = []
         for _ in range(300):

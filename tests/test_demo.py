@@ -98,6 +98,7 @@ def _user(text):
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 @pytest.mark.timeout(1200)
 def test_the_demo_end_to_end_with_tiny_settings(tmp_path):
     """The demo's wiring (a TrainConfig + hooks through run_training, gateway subprocess, outputs),

@@ -91,9 +91,9 @@ def check_exported(tokenizer, seen: dict, item: dict) -> None:
 
 
 @pytest.mark.slow
-def test_sigkill_loses_nothing_a_client_saw(tiny_model_dir, tokenizer, tmp_path):
+def test_sigkill_loses_nothing_a_client_saw(tiny_tokenizer_dir, tokenizer, tmp_path):
     store, log = tmp_path / "gw.sqlite", tmp_path / "serve.log"
-    proc, url = serve(tiny_model_dir, store, log, "--fake-token-delay", "0.01", "--fake-output-tokens", "10")
+    proc, url = serve(tiny_tokenizer_dir, store, log, "--fake-token-delay", "0.01", "--fake-output-tokens", "10")
     n_sessions = 20
     seen: dict[str, list[dict]] = {}  # session id -> interactions whose response the client received
     rewards: dict[str, float] = {}
@@ -135,7 +135,7 @@ def test_sigkill_loses_nothing_a_client_saw(tiny_model_dir, tokenizer, tmp_path)
     total = sum(len(v) for v in seen.values())
     assert total >= 2 * n_sessions, total  # the run was well under way
 
-    proc, url = serve(tiny_model_dir, store, log)
+    proc, url = serve(tiny_tokenizer_dir, store, log)
     try:
         with httpx.Client(base_url=url, timeout=300) as c:
             statuses = []
@@ -170,11 +170,11 @@ def test_sigkill_loses_nothing_a_client_saw(tiny_model_dir, tokenizer, tmp_path)
 
 
 @pytest.mark.slow
-def test_sigterm_finishes_in_flight_requests_and_exits_0(tiny_model_dir, tokenizer, tmp_path):
+def test_sigterm_finishes_in_flight_requests_and_exits_0(tiny_tokenizer_dir, tokenizer, tmp_path):
     store, log = tmp_path / "gw.sqlite", tmp_path / "serve.log"
     # each generation takes ~1 s: 20 tokens, 50 ms apart (the shutdown timeout is far longer: the
     # requests must finish because the drain waits for them, however slow the machine)
-    proc, url = serve(tiny_model_dir, store, log, "--fake-token-delay", "0.05", "--fake-output-tokens", "20",
+    proc, url = serve(tiny_tokenizer_dir, store, log, "--fake-token-delay", "0.05", "--fake-output-tokens", "20",
                       "--shutdown-timeout", "600")
     n = 20
 
@@ -242,12 +242,12 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(tiny_model_dir, tokeniz
 
 
 @pytest.mark.slow
-def test_shutdown_timeout_records_every_cut_request_and_answers_in_the_api_shape(tiny_model_dir, tmp_path):
+def test_shutdown_timeout_records_every_cut_request_and_answers_in_the_api_shape(tiny_tokenizer_dir, tmp_path):
     """Issue 15: when --shutdown-timeout expired, cut non-streamed requests stayed `pending` (the store
     closed before their abort was written) and their clients got uvicorn's plain-text 500."""
     store, log = tmp_path / "gw.sqlite", tmp_path / "serve.log"
     # each generation would take 100 s: 500 tokens, 0.2 s apart; the shutdown gives them 1 s
-    proc, url = serve(tiny_model_dir, store, log, "--fake-token-delay", "0.2", "--fake-output-tokens", "500",
+    proc, url = serve(tiny_tokenizer_dir, store, log, "--fake-token-delay", "0.2", "--fake-output-tokens", "500",
                       "--shutdown-timeout", "1")
 
     async def run() -> tuple[list[httpx.Response], list[str], list[str]]:
@@ -293,7 +293,7 @@ def test_shutdown_timeout_records_every_cut_request_and_answers_in_the_api_shape
         else:
             assert body["error"]["code"] == "shutting_down"
     assert "data: [DONE]" not in streamed
-    proc, url = serve(tiny_model_dir, store, log)
+    proc, url = serve(tiny_tokenizer_dir, store, log)
     try:
         with httpx.Client(base_url=url, timeout=30) as c:
             for sid in sids:

@@ -176,10 +176,10 @@ async def test_32_sessions_x_3_turns_concurrently(served):
     await client.aclose()
 
 
-def test_serve_refuses_public_bind_without_admin_key(tiny_model_dir):
+def test_serve_refuses_public_bind_without_admin_key(tiny_tokenizer_dir):
     env = {k: v for k, v in os.environ.items() if k != "RLGATE_ADMIN_KEY"}
     r = subprocess.run(
-        [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir), "--engine", "fake",
+        [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_tokenizer_dir), "--engine", "fake",
          "--host", "0.0.0.0", "--port", str(free_port())],
         env=env, capture_output=True, text=True, timeout=120,
     )
@@ -188,16 +188,18 @@ def test_serve_refuses_public_bind_without_admin_key(tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_serve_generates_and_prints_admin_key_once(tiny_model_dir):
+def test_serve_generates_and_prints_admin_key_once(tiny_tokenizer_dir):
     env = {k: v for k, v in os.environ.items() if k != "RLGATE_ADMIN_KEY"}
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir), "--engine", "fake",
+        [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_tokenizer_dir), "--engine", "fake",
          "--port", str(port), "--log-level", "warning"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
         line = proc.stdout.readline()
+        while line and "generated admin key" not in line:  # e.g. transformers' "PyTorch was not found"
+            line = proc.stdout.readline()
         assert "generated admin key" in line
         key = line.strip().rsplit(" ", 1)[-1]
         url = f"http://127.0.0.1:{port}"

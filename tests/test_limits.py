@@ -274,14 +274,14 @@ async def test_the_sweeper_ends_only_idle_sessions(make_app, asgi_client):
         assert mgr.metrics["sessions_swept"] == 1
 
 
-async def test_sweep_interval_and_limits_come_from_the_cli(tiny_model_dir):
+async def test_sweep_interval_and_limits_come_from_the_cli(tiny_tokenizer_dir):
     import argparse
 
     from rlgate.cli import add_serve_args, build_app
 
     p = argparse.ArgumentParser()
     add_serve_args(p)
-    args = p.parse_args(["--model", str(tiny_model_dir), "--engine", "fake", "--store", ":memory:",
+    args = p.parse_args(["--model", str(tiny_tokenizer_dir), "--engine", "fake", "--store", ":memory:",
                          "--sweep-interval", "0.5", "--session-idle-timeout", "2", "--max-tools", "7",
                          "--max-messages-per-request", "9", "--max-stop-sequences", "3",
                          "--max-concurrent-requests-per-session", "4", "--max-stored-sessions", "11",

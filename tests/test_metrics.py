@@ -348,7 +348,7 @@ async def test_local_engine_reports_batch_occupancy_and_queue_time(make_app, asg
 
 
 @pytest.mark.slow
-def test_rlgate_serve_metrics_on_both_binds(tiny_model_dir):
+def test_rlgate_serve_metrics_on_both_binds(tiny_tokenizer_dir):
     """``curl /metrics`` on a running ``rlgate serve``: parses, holds every guard; the keyless bind too."""
     import os
     import subprocess
@@ -358,7 +358,7 @@ def test_rlgate_serve_metrics_on_both_binds(tiny_model_dir):
 
     port, side = free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir), "--engine", "fake",
+        [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_tokenizer_dir), "--engine", "fake",
          "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--metrics-port", str(side),
          "--guard-min-events", "1", "--guard-empty-reply-ratio", "0"],
         env={**os.environ, "RLGATE_ADMIN_KEY": ADMIN_KEY}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -75,7 +75,7 @@ def test_the_gateway_needs_no_torch():
     assert "torch" in _declared("local")
 
 
-def test_a_gateway_driving_remote_engines_runs_without_torch(tiny_model_dir):
+def test_a_gateway_driving_remote_engines_runs_without_torch(tiny_tokenizer_dir):
     code = f"""
 import sys
 sys.modules["torch"] = None  # as if torch were not installed: importing it raises ImportError
@@ -85,7 +85,7 @@ import rlgate.engine
 engines = {{}}
 for kind in ("vllm", "sglang"):
     p = argparse.ArgumentParser(); add_serve_args(p)
-    args = p.parse_args(["--model", {str(tiny_model_dir)!r}, "--engine", kind, "--backend-url",
+    args = p.parse_args(["--model", {str(tiny_tokenizer_dir)!r}, "--engine", kind, "--backend-url",
                          "http://127.0.0.1:9", "--store", ":memory:"])
     engines[kind] = type(build_app(args, "k" * 40).state.gateway.engine).__name__
 try:

@@ -94,7 +94,7 @@ def test_keys_never_appear_in_logs_in_process(make_app, caplog):
 
 
 @pytest.mark.slow
-def test_keys_never_appear_in_logs_of_rlgate_serve(tiny_model_dir, tmp_path):
+def test_keys_never_appear_in_logs_of_rlgate_serve(tiny_tokenizer_dir, tmp_path):
     """The real CLI's logging configuration: --log-level debug --access-log, stdout and stderr."""
     from helpers import free_port, wait_healthy
 
@@ -102,7 +102,7 @@ def test_keys_never_appear_in_logs_of_rlgate_serve(tiny_model_dir, tmp_path):
     log_path = tmp_path / "serve.log"
     env = {**os.environ, "RLGATE_ADMIN_KEY": ADMIN_KEY}
     with open(log_path, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir),
+        proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_tokenizer_dir),
                                  "--engine", "fake", "--port", str(port), "--store", str(tmp_path / "s.sqlite"),
                                  "--log-level", "debug", "--access-log"],
                                 env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -289,7 +289,7 @@ async def test_start_session_refuses_what_it_could_not_keep_or_log_safely(make_a
 
 
 @pytest.mark.slow
-def test_admin_key_file_data_dir_and_an_unusable_store(tiny_model_dir, tmp_path):
+def test_admin_key_file_data_dir_and_an_unusable_store(tiny_tokenizer_dir, tmp_path):
     """Issue 15: --admin-key-file followed symlinks; --data-dir parents followed the umask; an
     unusable store printed a raw traceback."""
     from helpers import free_port, wait_healthy
@@ -302,7 +302,7 @@ def test_admin_key_file_data_dir_and_an_unusable_store(tiny_model_dir, tmp_path)
     data_dir = tmp_path / "a" / "b" / "c"
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "RLGATE_STORE"}
-    proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_tokenizer_dir),
                              "--engine", "fake", "--port", str(port), "--admin-key-file", str(link),
                              "--data-dir", str(data_dir)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -322,7 +322,7 @@ def test_admin_key_file_data_dir_and_an_unusable_store(tiny_model_dir, tmp_path)
     garbage = tmp_path / "garbage.sqlite"
     garbage.write_text("this is not a database")
     for store in (garbage, tmp_path):  # not a database; a directory
-        r = subprocess.run([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir),
+        r = subprocess.run([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_tokenizer_dir),
                             "--engine", "fake", "--port", str(free_port()), "--store", str(store)],
                            env={**env, "RLGATE_ADMIN_KEY": ADMIN_KEY}, capture_output=True, text=True, timeout=300)
         assert r.returncode != 0

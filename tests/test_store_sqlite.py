@@ -461,7 +461,7 @@ async def test_a_turn_completed_before_its_commit_is_written_as_one_row(tmp_path
     (s,) = SQLiteStore(path).load()
     assert [persisted(i) for i in s.interactions.values()] == [persisted(good)]
 
-def test_cli_store_options(tiny_model_dir, tmp_path, monkeypatch):
+def test_cli_store_options(tiny_tokenizer_dir, tmp_path, monkeypatch):
     import argparse
 
     from rlgate.cli import add_serve_args, build_app
@@ -469,7 +469,7 @@ def test_cli_store_options(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("RLGATE_STORE", raising=False)  # conftest sets it for `rlgate serve` subprocesses
     p = argparse.ArgumentParser()
     add_serve_args(p)
-    base = ["--model", str(tiny_model_dir), "--engine", "fake"]
+    base = ["--model", str(tiny_tokenizer_dir), "--engine", "fake"]
     # no --store: DATA_DIR/rlgate.sqlite
     app = build_app(p.parse_args(base + ["--data-dir", str(tmp_path / "d")]), "k" * 40)
     store = app.state.gateway.store

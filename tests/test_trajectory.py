@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from rlgate.chat.conversation import Message
 from rlgate.trajectory.export import (
@@ -135,7 +134,9 @@ def test_failed_and_pending_are_counted_not_exported():
     assert [s.id for s in samples] == ["a"] and stats["failed"] == 1 and stats["pending"] == 1
 
 
+@pytest.mark.torch
 def test_padded_and_packed_tensors():
+    torch = pytest.importorskip("torch")
     samples, _ = export_samples([inter("a", prompt=[5, 6, 7], out=[8], reward=2.0),
                                  inter("b", prompt=[1], out=[2, 3])])
     t = to_padded_tensors(samples, pad_token_id=0)

@@ -109,11 +109,11 @@ def walk(driver, shots, sessions, prefix):
     return sid, sample
 
 
-def test_static_export_in_chromium(run_rows, tiny_model_dir, tmp_path):
+def test_static_export_in_chromium(run_rows, tiny_tokenizer_dir, tmp_path):
     parquet = tmp_path / "run.parquet"
     write_parquet(run_rows, parquet)
     out = tmp_path / "view.html"
-    assert cli(["view", str(parquet), "--out", str(out), "--tokenizer", str(tiny_model_dir)]) == 0
+    assert cli(["view", str(parquet), "--out", str(out), "--tokenizer", str(tiny_tokenizer_dir)]) == 0
     sessions = sessions_of(run_rows)
     shots = artifacts_dir(tmp_path)
     with chromium() as d:
@@ -171,7 +171,7 @@ def test_live_ui_in_chromium(tokenizer, stop_ids, tmp_path):
             assert d.current_url == url + "/ui/login"
 
 
-def test_long_turn_parts_and_hidden_characters_in_chromium(tokenizer, tiny_model_dir, tmp_path):
+def test_long_turn_parts_and_hidden_characters_in_chromium(tokenizer, tiny_tokenizer_dir, tmp_path):
     """A long turn's static view holds its first and last part, linked by the pager; a bidi control
     shows as a visible escape in the rendered text, never as the character itself."""
     from rlgate.ui.render import TOKENS_PER_PART
@@ -185,7 +185,7 @@ def test_long_turn_parts_and_hidden_characters_in_chromium(tokenizer, tiny_model
     parquet = tmp_path / "long.parquet"
     write_parquet([row], parquet)
     out = tmp_path / "view.html"
-    assert cli(["view", str(parquet), "--out", str(out), "--tokenizer", str(tiny_model_dir)]) == 0
+    assert cli(["view", str(parquet), "--out", str(out), "--tokenizer", str(tiny_tokenizer_dir)]) == 0
     parts = -(-n // TOKENS_PER_PART)
     with chromium() as d:
         d.get(out.as_uri())

@@ -62,9 +62,9 @@ def chat(c: httpx.Client, key: str, messages: list[dict], stream: bool = False) 
 
 
 @pytest.mark.slow
-def test_a_refused_turn_leaves_nothing_a_reward_can_land_on(tiny_model_dir, tmp_path):
+def test_a_refused_turn_leaves_nothing_a_reward_can_land_on(tiny_tokenizer_dir, tmp_path):
     store = tmp_path / "gw.sqlite"
-    with gateway(tiny_model_dir, store) as (proc, c):
+    with gateway(tiny_tokenizer_dir, store) as (proc, c):
         r = c.post("/rl/start_session", json={"task_id": "t"}, headers=ADMIN)
         sid, key = r.json()["session_id"], r.json()["api_key"]
         messages = [{"role": "user", "content": "hello"}]
@@ -83,15 +83,15 @@ def test_a_refused_turn_leaves_nothing_a_reward_can_land_on(tiny_model_dir, tmp_
         assert r.status_code == 200, r.text
         assert r.json()["interaction_id"] == durable_id
         assert c.post("/rl/end_session", headers={"Authorization": f"Bearer {key}"}).status_code == 200
-    with gateway(tiny_model_dir, store) as (proc, c):  # what a 200 said is in the store
+    with gateway(tiny_tokenizer_dir, store) as (proc, c):  # what a 200 said is in the store
         exp = c.post("/export_trajectories", json={"session_id": sid}, headers=ADMIN).json()
         assert [(i["id"], i["reward"]) for i in exp["interactions"]] == [(durable_id, 7.0)]
 
 
 @pytest.mark.slow
-def test_a_refused_start_session_leaves_no_orphan(tiny_model_dir, tmp_path):
+def test_a_refused_start_session_leaves_no_orphan(tiny_tokenizer_dir, tmp_path):
     store = tmp_path / "gw.sqlite"
-    with gateway(tiny_model_dir, store, "--capacity-mode", "granted", "--max-sessions", "2") as (proc, c):
+    with gateway(tiny_tokenizer_dir, store, "--capacity-mode", "granted", "--max-sessions", "2") as (proc, c):
         assert c.post("/grant_capacity", json={"count": 2}, headers=ADMIN).status_code == 200
         assert c.post("/rl/start_session", json={"task_id": "a"}, headers=ADMIN).status_code == 200
         with disk_full(proc):

@@ -2,6 +2,9 @@
 
 ``build_tiny_model(out_dir, seed=0)`` writes a Hugging Face checkpoint directory that
 ``AutoTokenizer.from_pretrained`` and ``AutoModelForCausalLM.from_pretrained`` load.
+``build_tiny_tokenizer(out_dir, seed=0)`` writes the same directory without the weights
+(tokenizer, ``config.json``, ``generation_config.json``) and without importing torch: enough for
+``rlgate serve --engine fake`` and every test that needs a tokenizer but no model.
 Everything is deterministic for a given seed: the tokenizer is trained on a corpus
 generated in code (no download), the weights come from a seeded initialisation.
 
@@ -183,28 +186,12 @@ def build_tokenizer(seed: int = 0, vocab_size: int = 4096):
     return fast
 
 
-def build_tiny_model(
-    out_dir: str | Path,
-    *,
-    seed: int = 0,
-    hidden_size: int = 256,
-    num_layers: int = 4,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    intermediate_size: int = 688,
-    max_position_embeddings: int = 2048,
-) -> Path:
-    """Write tokenizer + random-weight Llama model to ``out_dir``; return the path."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(seed)
-    tokenizer.save_pretrained(out)
+def _model_config(tokenizer, *, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
+                  intermediate_size: int, max_position_embeddings: int) -> tuple[dict, dict]:
+    """The model's ``config.json`` fields and its ``generation_config.json`` (plain dicts: no torch)."""
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     eot = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    config = LlamaConfig(
+    config = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -218,12 +205,52 @@ def build_tiny_model(
         pad_token_id=eot,
         initializer_range=0.02,
     )
+    return config, dict(bos_token_id=eot, eos_token_id=[im_end, eot], pad_token_id=eot)
+
+
+_SIZES = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=688,
+              max_position_embeddings=2048)  # the defaults of build_tiny_model (3.2M parameters)
+
+
+def build_tiny_tokenizer(out_dir: str | Path, *, seed: int = 0) -> Path:
+    """Write the tiny model's directory without its weights (no torch): tokenizer, config, generation config."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(seed)
+    tokenizer.save_pretrained(out)
+    config, generation = _model_config(tokenizer, **_SIZES)
+    (out / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                 **config}, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    return out
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    hidden_size: int = _SIZES["hidden_size"],
+    num_layers: int = _SIZES["num_layers"],
+    num_heads: int = _SIZES["num_heads"],
+    num_kv_heads: int = _SIZES["num_kv_heads"],
+    intermediate_size: int = _SIZES["intermediate_size"],
+    max_position_embeddings: int = _SIZES["max_position_embeddings"],
+) -> Path:
+    """Write tokenizer + random-weight Llama model to ``out_dir``; return the path."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(seed)
+    tokenizer.save_pretrained(out)
+    config, generation = _model_config(
+        tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=eot, eos_token_id=[im_end, eot], pad_token_id=eot
-    )
+        model = LlamaForCausalLM(LlamaConfig(**config))
+    model.generation_config = GenerationConfig(**generation)
     model.save_pretrained(out)
     return out
 
