@@ -7,7 +7,12 @@ message dicts and maps its answers onto :class:`~rlgate.chat.families.base.Promp
 
 Bridge policy: rlgate always asks for ``thinking_retention="all"`` — the parent's reasoning stays
 in the token sequence whatever the template would drop — because that is what token-exact
-means; a fresh rendering (``rerender`` mode, first turns) stays faithful to the template.
+means. A fresh rendering (``rerender`` mode, first turns, forks) is the checkpoint's own chat
+template (Hugging Face ``apply_chat_template``, what vLLM and SGLang serve), byte for byte: the
+package's rendering differs from it in places (Qwen3 with ``enable_thinking: false`` wrote an
+empty ``<think>`` block on every earlier assistant turn, the template on none), and "rerender"
+promises what the model sees at deployment. The package renders only for a tokenizer without a
+template.
 The bridge's result is accepted only if it starts with the parent's prompt and output tokens
 exactly (the package may close a truncated turn, which then becomes part of our bridge).
 
@@ -110,9 +115,26 @@ class RenderersRenderer:
     def _tools(tools: list[ToolSpec] | None) -> list[dict[str, Any]] | None:
         return [t.to_openai() for t in tools] if tools else None
 
+    def _template(self) -> Any:
+        """The checkpoint's own template (a :class:`~rlgate.chat.render.ChatRenderer`), or None."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            return None
+        with self._lock:
+            if self._jinja is None:
+                from rlgate.chat.render import ChatRenderer
+
+                self._jinja = ChatRenderer(self.tokenizer, reasoning_start=self.reasoning_start)
+            return self._jinja
+
     def render_ids(self, messages: list[Message], tools: list[ToolSpec] | None = None,
                    template_kwargs: dict[str, Any] | None = None, *, max_chars: int | None = None) -> list[int]:
         check_chars_of(messages, max_chars)
+        template = self._template()
+        if template is not None:  # a fresh rendering is the checkpoint's template (module docstring)
+            if self._prepare is not None:
+                messages = self._prepare(messages, None, self.tokenizer)
+            self._renderer(template_kwargs)  # the package's checks of the template kwargs, as for a bridge
+            return list(template.render_ids(messages, tools, template_kwargs, max_chars=max_chars))
         r = self._renderer(template_kwargs)
         try:
             if self._prepare is not None:
@@ -152,16 +174,12 @@ class RenderersRenderer:
     def _jinja_bridge(self, parent: ParentTurn, leading_system: Message | None, new_messages: list[Message],
                       tools: list[ToolSpec] | None, template_kwargs: dict[str, Any] | None, cache_key: str | None,
                       cache: RenderCache | None, max_chars: int | None) -> list[int]:
-        if not getattr(self.tokenizer, "chat_template", None):
+        template = self._template()
+        if template is None:
             raise BridgeError(f"the {self.name} renderer cannot append these messages to the parent's tokens")
-        with self._lock:
-            if self._jinja is None:
-                from rlgate.chat.render import ChatRenderer
-
-                self._jinja = ChatRenderer(self.tokenizer, reasoning_start=self.reasoning_start)
         # its own cache entries: the template's assistant suffix, not the package's
         key = f"jinja:{cache_key}" if cache_key is not None else None
-        return list(self._jinja.bridge_ids(parent=parent, leading_system=leading_system, new_messages=new_messages,
+        return list(template.bridge_ids(parent=parent, leading_system=leading_system, new_messages=new_messages,
                                            tools=tools, template_kwargs=template_kwargs, cache_key=key, cache=cache,
                                            max_chars=max_chars))
 
