@@ -5,7 +5,8 @@ Public surface (everything else is internal and may change)::
     Gateway and client
       GatewayClient, SessionHandle, GatewayClientError   control-route client
       GatewayConfig                                       server configuration
-      create_app                                          the app factory
+      create_app, Engine, Store, open_store               the app factory, what it serves from
+                                                          and keeps sessions in
     Trajectories
       Sample                                              one exported training sequence
     Rollout (agents in GRPO groups)
@@ -21,6 +22,22 @@ Public surface (everything else is internal and may change)::
       StepResult, TrainingStalled
       WeightSync, ColocatedSync, RemoteSync               pushing weights to the serving policy
 
+Public modules (``PUBLIC_MODULES``): beyond the names above, the docs teach these modules; their
+``__all__`` is public too. Every other module is internal and may change
+(``tests/test_public_api.py`` checks that each import the docs and examples show is public)::
+
+    rlgate.config                  GatewayConfig, ClusterConfig
+    rlgate.engine                  the engine contract, its capabilities, the engines
+    rlgate.store                   the store contract, MemoryStore, open_store
+    rlgate.trajectory.export       samples to tensors, JSONL, Parquet, and back
+    rlgate.cluster                 replicas on Ray behind a router
+    rlgate.cluster.collector       finished trajectories from every replica
+    rlgate.agents                  black-box CLI agents (Claude Code, Codex)
+    rlgate.agents.bugfix           the bug-fix task for them
+    rlgate.demo.math_agent         the demo's SDK agents, as examples
+    rlgate.demo.calculator_agent   the demo's tool-calling agent
+    rlgate.demo.agents             the demo's agent for ``rlgate train``
+
 Names are imported on first use, so ``import rlgate`` stays light (no torch, no FastAPI).
 """
 
@@ -31,12 +48,29 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+PUBLIC_MODULES = (
+    "rlgate.config",
+    "rlgate.engine",
+    "rlgate.store",
+    "rlgate.trajectory.export",
+    "rlgate.cluster",
+    "rlgate.cluster.collector",
+    "rlgate.agents",
+    "rlgate.agents.bugfix",
+    "rlgate.demo.math_agent",
+    "rlgate.demo.calculator_agent",
+    "rlgate.demo.agents",
+)
+
 _WHERE = {
     "GatewayClient": "rlgate.client.gateway",
     "GatewayClientError": "rlgate.client.gateway",
     "SessionHandle": "rlgate.client.gateway",
     "GatewayConfig": "rlgate.config",
     "create_app": "rlgate.server.app",
+    "Engine": "rlgate.engine.base",
+    "Store": "rlgate.store.base",
+    "open_store": "rlgate.store",
     "Sample": "rlgate.trajectory.sample",
     "Agent": "rlgate.rollout.agent",
     "RolloutRunner": "rlgate.rollout.runner",
@@ -74,6 +108,7 @@ __all__ = [
     "Allowance",
     "ColocatedSync",
     "ConfigError",
+    "Engine",
     "Episode",
     "EvalResult",
     "FinishedEpisode",
@@ -92,6 +127,7 @@ __all__ = [
     "Sample",
     "SessionHandle",
     "StepResult",
+    "Store",
     "TooManyFailures",
     "TrainConfig",
     "TrainRun",
@@ -100,6 +136,7 @@ __all__ = [
     "create_app",
     "grpo_loop",
     "load_config",
+    "open_store",
     "run_training",
     "__version__",
 ]
@@ -120,11 +157,14 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names resolve through __getattr__
     from rlgate.client.gateway import GatewayClient, GatewayClientError, SessionHandle
     from rlgate.config import GatewayConfig
+    from rlgate.engine.base import Engine
     from rlgate.rollout.agent import Agent
     from rlgate.rollout.errors import AgentContractError, AgentError, RunError, TooManyFailures
     from rlgate.rollout.reward import FinishedEpisode
     from rlgate.rollout.runner import Allowance, Episode, Group, RolloutRunner
     from rlgate.server.app import create_app
+    from rlgate.store import open_store
+    from rlgate.store.base import Store
     from rlgate.train.config import ConfigError, GRPOConfig, TrainConfig, load_config
     from rlgate.train.grpo import GRPOTrainer, LoopState, StepResult, TrainingStalled, grpo_loop
     from rlgate.train.run import EvalResult, Hooks, Interrupt, TrainRun, run_training

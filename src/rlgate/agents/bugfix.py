@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+__all__ = ["make_tasks", "setup", "verify"]
+
 # (function, correct body, buggy body, test assertions)
 BUGS: list[tuple[str, str, str, list[str]]] = [
     ("add(a, b)", "a + b", "a - b", ["add(2, 3) == 5", "add(-1, 1) == 0"]),

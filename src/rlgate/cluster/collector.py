@@ -28,6 +28,8 @@ import httpx
 
 from rlgate.cluster.directory import ReplicaTable
 
+__all__ = ["Collector"]
+
 log = logging.getLogger("rlgate.cluster.collector")
 
 

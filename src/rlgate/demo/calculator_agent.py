@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from rlgate.demo.math_agent import math_reward
 
+__all__ = ["CalculatorAgent", "calculate"]
+
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 

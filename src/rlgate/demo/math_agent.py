@@ -26,6 +26,8 @@ import math
 import re
 from typing import Any
 
+__all__ = ["MathAgent", "OpenAIMathAgent", "extract_last_number", "math_reward"]
+
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 
 

@@ -1,4 +1,4 @@
-"""rlgate.engine: the engine contract and the engines that implement it.
+"""rlgate.engine: the engine contract, the optional capabilities and the engines that implement them.
 
 ``import rlgate.engine`` stays light (no torch); :class:`LocalEngine` and the remote engines
 (:class:`SGLangEngine`, :class:`VLLMEngine`) are imported on first access.
@@ -19,6 +19,14 @@ from rlgate.engine.base import (
     TokenDelta,
     WeightUpdateError,
     collect,
+)
+from rlgate.engine.capabilities import (
+    DescribesBackends,
+    HasModel,
+    HasStats,
+    Pausable,
+    QueueWaitObservable,
+    VersionRestorable,
 )
 
 if TYPE_CHECKING:
@@ -46,17 +54,23 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "DescribesBackends",
     "Engine",
     "EngineError",
     "FinishReason",
     "GenerateRequest",
     "GenerateResult",
+    "HasModel",
+    "HasStats",
     "LocalEngine",
+    "Pausable",
+    "QueueWaitObservable",
     "SGLangEngine",
     "SamplingParams",
     "StreamingEngineMixin",
     "TokenDelta",
     "VLLMEngine",
+    "VersionRestorable",
     "WeightUpdateError",
     "collect",
 ]

@@ -21,6 +21,9 @@ from rlgate.trajectory.interaction import Interaction
 from rlgate.trajectory.sample import Sample
 from rlgate.trajectory.tree import chain_of, children_map, conversation_ids, discounted_rewards, lineage_parents
 
+__all__ = ["Lineage", "concat_sample", "export_samples", "individual_sample", "read_jsonl", "read_samples",
+           "to_packed_tensors", "to_padded_tensors", "write_jsonl", "write_parquet"]
+
 ExportStyle = Literal["individual", "concat"]
 
 
