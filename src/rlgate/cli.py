@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rlgate.config import ClusterConfig, GatewayConfig, add_arguments, from_arguments, option
+from rlgate.config import STALE_LAG, ClusterConfig, GatewayConfig, add_arguments, from_arguments, option
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 
@@ -529,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-text", action="store_true", help="show token ids only (no tokenizer)")
     p.add_argument("--max-sessions", type=int, default=1000,
                    help="sessions to include (the first N; 200 tool-calling sessions make ~14 MB)")
-    p.add_argument("--stale-lag", type=int, default=4, help="flag tokens more than N versions behind")
+    p.add_argument("--stale-lag", type=int, default=STALE_LAG, help="flag tokens more than N versions behind")
     p.add_argument("--title", default=None)
     p.set_defaults(func=cmd_view)
 

@@ -37,6 +37,10 @@ __all__ = ["ClusterConfig", "GatewayConfig", "add_arguments", "from_arguments", 
 
 T = TypeVar("T", bound="DataclassInstance")
 
+# A generated token is stale when the weights moved more than this many versions since it was produced:
+# the stale-token guard's default and the trajectory viewer's (rlgate view --stale-lag, the live /ui).
+STALE_LAG = 4
+
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,
            **meta: Any) -> Any:
@@ -70,6 +74,11 @@ class GatewayConfig:
         None, "generated tokens when a request sets no max tokens (none: up to the rest of the context, as the "
         "OpenAI API and vLLM do; a reply cut by this cap counts in the default_cap_cuts guard)")
     max_tokens_cap: int | None = option(None, "hard cap on generated tokens per request (none: the context only)")
+    history_matchers: list[str] = option(
+        help="a history matcher: finds the parent turn when a client re-serialises the model's reply "
+        "(built in: smolagents, claude_code_compaction; or package.module:attribute); repeat for more; the "
+        "built-in ones are on by default ('none' drops those named before it)",
+        factory=lambda: ["smolagents", "claude_code_compaction"], flag="--history-matcher", metavar="NAME")
     context_length: int | None = option(None, "tokens of prompt + output a request may use (none: the engine's)")
     stop_token_ids: list[int] | None = option(
         None, "a token id that ends generation (repeat for several; default: the tokenizer's eos and the "
@@ -145,7 +154,7 @@ class GatewayConfig:
         "help": "alarm when more than this fraction of turns in concat exports are unaligned (no loss)"})
     guard_missing_reward_ratio: float = field(default=0.05, metadata={
         "help": "alarm when more than this fraction of exported samples have no reward"})
-    guard_stale_lag: int = field(default=4, metadata={
+    guard_stale_lag: int = field(default=STALE_LAG, metadata={
         "help": "a generated token is stale at export when the weights moved more than this many versions since"})
     guard_stale_token_ratio: float = field(default=0.1, metadata={
         "help": "alarm when more than this fraction of exported generated tokens are stale"})

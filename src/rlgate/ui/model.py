@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
 
+from rlgate.config import STALE_LAG
+
 FLAG_WORDS = {
     "empty_reply": "empty reply",
     "unparsed_tool_call": "unparsed tool call",
@@ -153,7 +155,7 @@ class Run:
 
     title: str
     episodes: list[Episode]
-    stale_lag: int = 4  # a token is stale when its version is this far behind the reference
+    stale_lag: int = STALE_LAG  # a token is stale when its version is this far behind the reference
     omitted: int = 0  # sessions left out (--max-sessions)
     by_id: dict[str, Episode] = field(default_factory=dict, repr=False)
 

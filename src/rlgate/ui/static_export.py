@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from rlgate.config import STALE_LAG
 from rlgate.ui.files import read_samples
 from rlgate.ui.model import Episode, Run, Turn, episodes_from_rows, mark_stale, row_of
 from rlgate.ui.page import document
@@ -40,7 +41,7 @@ from rlgate.ui.tokens import token_texts_window
 
 
 def build_run(rows: Sequence[dict[str, Any]], *, title: str, max_sessions: int | None = None,
-              stale_lag: int = 4) -> Run:
+              stale_lag: int = STALE_LAG) -> Run:
     episodes = episodes_from_rows(rows)
     omitted = 0
     if max_sessions is not None and len(episodes) > max_sessions:
@@ -89,7 +90,7 @@ def _template(key: str, body: str) -> str:
 
 
 def write_view(paths: Sequence[str | Path], out: str | Path, *, tokenizer: Any = None, title: str | None = None,
-               max_sessions: int | None = None, stale_lag: int = 4) -> tuple[Path, Run]:
+               max_sessions: int | None = None, stale_lag: int = STALE_LAG) -> tuple[Path, Run]:
     rows = read_samples(paths)
     run = build_run(rows, title=title or ", ".join(Path(p).name for p in paths), max_sessions=max_sessions,
                     stale_lag=stale_lag)
