@@ -280,3 +280,27 @@ async def test_the_live_viewers_raw_request_shows_the_tools(make_app, asgi_clien
         page = await c.get("/ui/turn", params={"session": sid, "id": r.json()["id"]}, headers=admin_headers())
     assert page.status_code == 200
     assert "lookup_capital" in page.text and "Find a country" in page.text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_stopping_a_run_with_episodes_in_flight_prints_no_errors(work):
+    """Friction 8: stopping a run while episodes generate printed uvicorn's `ERROR: Cancel N running
+    task(s)`, a `503` warning per request and a guard ALARM (and took the 10 s shutdown timeout)."""
+    import json
+    import signal
+
+    import yaml
+
+    from train_helpers import base_config
+
+    with (work / "long.jsonl").open("w") as f:  # long replies: the next step's episodes are mid-generation
+        for a in range(10, 34):
+            f.write(json.dumps({"question": f"Which is larger, {a} or {a + 3}?", "max_tokens": 200}) + "\n")
+    (work / "cfg.yaml").write_text(yaml.safe_dump(base_config(steps=1000, checkpoint_every=500, dataset="long.jsonl",
+                                                              grpo={"max_staleness": 2})))
+    code, out = _train_until(work, signal.SIGINT)
+    assert code == 130, out
+    assert "interrupted: step" in out
+    for noise in ("ERROR", "503", "ALARM", "Traceback"):
+        assert noise not in out, out

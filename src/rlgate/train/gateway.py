@@ -16,9 +16,12 @@ readable on every node. Any ``ray:`` section connects to (or starts) Ray first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import secrets
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,9 +52,33 @@ class OpenGateway:
     async def close(self) -> None:
         await self.client.aclose()
         if self.server is not None:
-            self.server.stop()
+            # The run is over: episodes still in flight are the next step's, nobody waits for them. Cut
+            # them after 1 s, without the lines a gateway shutting down under clients prints (uvicorn's
+            # ERROR "Cancel N running task(s)", a 503 warning per request, the guards' abort alarm).
+            self.server.config.timeout_graceful_shutdown = 1
+            with _quiet(*SHUTDOWN_LOGGERS):
+                await asyncio.to_thread(self.server.stop)
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.stop)
+
+
+SHUTDOWN_LOGGERS = ("uvicorn.error", "rlgate.server", "rlgate.guards")
+
+
+@contextlib.contextmanager
+def _quiet(*names: str) -> Iterator[None]:
+    """Drop records below CRITICAL on these loggers while the block runs."""
+    def drop(record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.CRITICAL
+
+    loggers = [logging.getLogger(n) for n in names]
+    for lg in loggers:
+        lg.addFilter(drop)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(drop)
 
 
 async def check_remote(url: str, admin_key: str) -> None:
