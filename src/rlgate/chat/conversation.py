@@ -223,10 +223,6 @@ class DigestChain:
         return out
 
 
-def message_digest(msg: Message) -> str:
-    return DigestChain().add(msg).hexdigest()
-
-
 def tools_digest(tools: list[ToolSpec], template_kwargs: dict[str, Any] | None = None) -> tuple[str, int]:
     """Digest of everything besides the messages that changes the rendering, and the length of
     its canonical JSON (how much text the tools and kwargs are: what rendering them costs)."""

@@ -64,7 +64,6 @@ class ReplicaTable:
         self.timeout = timeout
         self.replicas = [ReplicaInfo(i) for i in range(directory.size)]
         self._task: asyncio.Task[None] | None = None
-        self._changed = asyncio.Event()
 
     async def start(self) -> None:
         await self.refresh()
@@ -87,8 +86,6 @@ class ReplicaTable:
 
     async def refresh(self) -> None:
         await asyncio.gather(*(self._refresh_one(r) for r in self.replicas))
-        self._changed.set()
-        self._changed = asyncio.Event()
 
     async def _refresh_one(self, r: ReplicaInfo) -> None:
         try:
@@ -116,12 +113,6 @@ class ReplicaTable:
         r.state = "down"
         r.reason = reason
 
-    async def wait_refreshed(self, timeout: float) -> None:
-        """Until the next refresh completes (or ``timeout``)."""
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except TimeoutError:
-            pass
 
 
 class StaticDirectory:

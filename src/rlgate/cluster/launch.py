@@ -15,8 +15,7 @@
 ``ClusterConfig.ray_address`` joins an existing cluster (replicas are placed on its nodes; it must
 require Ray's token authentication, see ``cluster/ray_security.py``); otherwise a local Ray cluster
 is started with a small object store, no dashboard, token authentication and every port on loopback.
-Replica actors are named ``rlgate-replica-<i>`` in the Ray namespace, so more routers can
-attach to the same replicas (:meth:`Cluster.attach`).
+Replica actors are named ``rlgate-replica-<i>`` in the Ray namespace.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import asyncio
 import logging
 import math
 import os
-import time
 from typing import Any, Self
 
 from rlgate.cluster.controller import WeightController
@@ -139,38 +137,10 @@ class Cluster:
         log.info("%d gateway replicas up", len(self.actors))
         return self
 
-    @classmethod
-    def attach(cls, spec: ReplicaSpec, config: ClusterConfig) -> Cluster:
-        """The replicas another process started (by name): run another router in front of them."""
-        import ray
-
-        init_ray(config)
-        self = cls(spec, config)
-        self.actors = [ray.get_actor(f"{ACTOR_PREFIX}{i}", namespace=config.namespace)
-                       for i in range(config.replicas)]
-        return self
-
     def info(self) -> list[dict[str, Any]]:
         import ray
 
         return list(ray.get([a.info.remote() for a in self.actors]))
-
-    def wait_ready(self, timeout: float = 120.0) -> None:
-        """Until every replica answers ``info`` and is healthy (after a restart, say)."""
-        import ray
-
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                infos = ray.get([a.info.remote() for a in self.actors], timeout=10)
-                if all(i["state"] == "healthy" for i in infos):
-                    return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-            if time.monotonic() > deadline:
-                raise TimeoutError("replicas not healthy in time")
-            time.sleep(0.1)
 
     # ------------------------------------------------------------------ router
 

@@ -86,10 +86,6 @@ class AdmissionGate:
     def open(self) -> None:
         self._open.set()
 
-    @property
-    def is_open(self) -> bool:
-        return self._open.is_set()
-
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if (scope["type"] == "http" and not self._open.is_set() and scope["method"] == "POST"
                 and scope["path"] in GENERATION_PATHS):

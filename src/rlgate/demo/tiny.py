@@ -253,7 +253,3 @@ def build_tiny_model(
     model.generation_config = GenerationConfig(**generation)
     model.save_pretrained(out)
     return out
-
-
-def count_parameters(model) -> int:
-    return sum(p.numel() for p in model.parameters())
