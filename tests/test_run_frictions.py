@@ -304,3 +304,72 @@ def test_stopping_a_run_with_episodes_in_flight_prints_no_errors(work):
     assert "interrupted: step" in out
     for noise in ("ERROR", "503", "ALARM", "Traceback"):
         assert noise not in out, out
+
+
+TOOL_AGENT = '''
+import json
+
+from openai import AsyncOpenAI
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
+          "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}}]
+
+
+class LookupAgent:
+    """Calls `lookup` once, then answers; reward 1 when it used the tool and answered."""
+
+    async def run(self, data, *, base_url, api_key, http_client=None):
+        client = AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http_client, max_retries=0)
+        messages = [{"role": "user", "content": f"What does {data['word']} mean?"}]
+        used = False
+        try:
+            for _ in range(3):
+                reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS,
+                                                             max_tokens=64)
+                msg = reply.choices[0].message
+                if not msg.tool_calls:
+                    break
+                used = True
+                messages.append(msg.model_dump(exclude_none=True))
+                for call in msg.tool_calls:
+                    word = json.loads(call.function.arguments).get("word", "")
+                    messages.append({"role": "tool", "tool_call_id": call.id, "content": f"{word}: a thing"})
+        finally:
+            if http_client is None:
+                await client.close()
+        return float(used and bool(msg.content))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_tool_agents_whole_loop_checks_and_trains_on_the_scripted_engine(work):
+    """Friction 3: the tiny model never emits a tool call that parses and `check` / `train` had no
+    scripted engine, so a tool agent's loop could not be checked offline."""
+    import json
+
+    import yaml
+
+    from train_helpers import base_config, rlgate
+
+    (work / "tool_agent.py").write_text(TOOL_AGENT)
+    with (work / "words.jsonl").open("w") as f:
+        f.writelines(json.dumps({"word": w}) + "\n" for w in ("apple", "river", "stone"))
+    cfg = base_config(dataset="words.jsonl", agent="tool_agent:LookupAgent", gateway={"engine": "scripted"},
+                      rollout={"export_style": "concat"})
+    r = rlgate(work, "check", "--config", "cfg.yaml", config=cfg)
+    assert r.code == 0, r.text
+    assert "reward 1.0" in r.out and "finish stop" in r.out and "<tool_call>" in r.out and "lookup" in r.out, r.out
+    # a file of replies, cycled: one episode answers at once (reward 0), the next calls the tool (reward 1)
+    (work / "replies.yaml").write_text(yaml.safe_dump([
+        "No idea.", '<tool_call>\n{"name": "lookup", "arguments": {"word": "apple"}}\n</tool_call>', "It is a fruit."]))
+    cfg = base_config(dataset="words.jsonl", agent="tool_agent:LookupAgent", steps=2,
+                      gateway={"engine": "scripted", "script": "replies.yaml"},
+                      rollout={"export_style": "concat", "concurrency": 1})
+    r = rlgate(work, "train", "--config", "cfg.yaml", config=cfg)
+    assert r.code == 0, r.text
+    metrics = [json.loads(x) for x in (work / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1.0, 2.0] and [m["version"] for m in metrics] == [1.0, 2.0]
+    assert all(m["reward"] == 0.5 for m in metrics), metrics
+    r = rlgate(work, "check", "--config", "cfg.yaml", "--set", "gateway.script=nowhere.yaml", config=None)
+    assert r.code == 2 and "gateway.script: 'nowhere.yaml' is no file" in r.err, r.text

@@ -110,6 +110,10 @@ class GatewaySettings(_Strict):
     max_tokens_cap: int | None = Field(default=None, ge=1, description="in-process: hard cap on generated tokens "
                                        "per call (agents ask for 32k+)")
     device: str | None = Field(default=None, description="in-process engine's device (None: cuda if available)")
+    engine: Literal["local", "scripted"] = Field(default="local", description="in-process: the model (local) or "
+                                                 "replies from gateway.script, for a dry run of an agent's loop")
+    script: str | None = Field(default=None, description="engine scripted: 'tools' (default: call the first listed "
+                               "tool, then answer), a JSON/YAML/JSONL file of replies, or module:fn(prompt) -> str")
     ui: bool = Field(default=False, description="serve the trajectory viewer at /ui during the run (in-process "
                      "gateway or ray.replicas' router); its admin key is written to out_dir/admin_key (0600)")
 
@@ -228,6 +232,11 @@ class TrainConfig(_Strict):
         if self.replicas and self.gateway.url is not None:
             raise ValueError("ray.replicas starts the gateway as replicas on Ray; it does not combine with "
                              "gateway.url (a running gateway): set one of them")
+        if self.gateway.engine == "scripted" and (self.gateway.url is not None or self.replicas):
+            raise ValueError("gateway.engine scripted is the in-process gateway's; it does not combine with "
+                             "gateway.url or ray.replicas")
+        if self.gateway.script is not None and self.gateway.engine != "scripted":
+            raise ValueError("gateway.script only applies with gateway.engine: scripted")
         if self.gateway.url is not None and self.gateway.ui:
             raise ValueError("gateway.ui serves the viewer from the gateway this run starts; a running gateway "
                              "(gateway.url) serves its own: start it with `rlgate serve --ui`")

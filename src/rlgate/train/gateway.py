@@ -243,10 +243,20 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path, *, 
         tokenizer = load_tokenizer(tokenizer_dir)
     except Exception as exc:  # noqa: BLE001 - name the directory, not the library's internals
         raise RunError(f"model: cannot load a tokenizer from {tokenizer_dir}: {exc}") from None
-    try:
-        engine = LocalEngine(weights, device=cfg.gateway.device, max_context_length=cfg.gateway.context_length)
-    except Exception as exc:  # noqa: BLE001
-        raise RunError(f"model: the engine cannot load {weights}: {type(exc).__name__}: {exc}") from None
+    engine: Any
+    if cfg.gateway.engine == "scripted":  # replies from gateway.script (train/scripted.py)
+        from rlgate.model import context_length
+        from rlgate.train.scripted import VersionSync, scripted_engine
+
+        engine = scripted_engine(cfg.gateway.script, tokenizer,
+                                 cfg.gateway.context_length or context_length(tokenizer_dir) or 32768)
+        sync: Any = VersionSync(engine)
+    else:
+        try:
+            engine = LocalEngine(weights, device=cfg.gateway.device, max_context_length=cfg.gateway.context_length)
+        except Exception as exc:  # noqa: BLE001
+            raise RunError(f"model: the engine cannot load {weights}: {type(exc).__name__}: {exc}") from None
+        sync = ColocatedSync(engine)
     engine.restore_version(version)
     app = create_app(
         GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
@@ -262,7 +272,7 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path, *, 
         raise RunError(f"gateway: the in-process gateway did not start ({exc})") from None
     if cfg.gateway.ui:
         announce_ui(cfg, url, admin_key)
-    return OpenGateway(GatewayClient(url, admin_key), ColocatedSync(engine), server, tokenizer,
+    return OpenGateway(GatewayClient(url, admin_key), sync, server, tokenizer,
                        registries=(app.state.gateway.metrics.registry,))
 
 
