@@ -53,6 +53,7 @@ from rlgate.metrics.gateway import GatewayMetrics, GenerationOutcome
 from rlgate.store.base import StoreError
 from rlgate.trajectory.flags import is_empty_reply
 from rlgate.trajectory.interaction import Interaction, Session
+from rlgate.trajectory.matchers import best_match, load_matchers
 from rlgate.trajectory.tree import find_parent
 
 log = logging.getLogger("rlgate.generation")
@@ -140,6 +141,7 @@ class GenerationService:
         self.render_pool = RenderPool(config.render_workers, config.render_timeout)
         self.inline_chars = INLINE_CHARS
         self.sessions = sessions
+        self.matchers = load_matchers(config.history_matchers)  # clients that re-serialise replies
         stops = list(stop_token_ids)
         stops += [t for t in self.family.stop_token_ids(tokenizer) if t not in stops]
         self.stop_token_ids = tuple(stops)
@@ -182,6 +184,13 @@ class GenerationService:
             raise self._too_long(chars)
         context_key, tools_chars = tools_digest(req.tools, req.template_kwargs)
         parent, covered, chain = find_parent(session, context_key, req.messages)
+        fork_hint = None
+        if self.matchers and session.interactions:
+            found = best_match(self.matchers, session, context_key, req.messages, covered)
+            if found is not None and found.parent is not None:
+                parent, covered = found.parent, found.covered  # the reply in the client's form
+            elif found is not None and parent is None:
+                fork_hint = found.fork_reason
         new_image_bytes = sum(image_size(p) for p in images(req.messages[covered:]))
         budget = self.config.max_image_bytes_per_session
         if new_image_bytes and session.image_bytes + new_image_bytes > budget:
@@ -191,7 +200,7 @@ class GenerationService:
         if parent is not None:
             share_prefix(parent, req.messages, covered)
         relation = "extend" if parent is not None else ("fork" if session.interactions else "root")
-        render = functools.partial(self._render, session, req, parent, covered, relation, context_key)
+        render = functools.partial(self._render, session, req, parent, covered, relation, context_key, fork_hint)
         try:
             # tools count towards the rendering's cost (not towards the prompt's lower bound: a
             # template may leave them out); a large tool list renders off the event loop
@@ -217,12 +226,13 @@ class GenerationService:
 
     def _render(
         self, session: Session, req: ChatRequest, parent: Interaction | None, covered: int, relation: str,
-        context_key: str,
+        context_key: str, fork_hint: str | None = None,
     ) -> tuple[list[int], Interaction | None, str, str | None]:
-        """Prompt ids, parent, relation, fork reason. Thread-safe: reads only completed (immutable)
-        interactions and the session's locked render cache."""
+        """Prompt ids, parent, relation, fork reason (``fork_hint``: a history matcher's, else
+        no_prefix_match). Thread-safe: reads only completed (immutable) interactions and the
+        session's locked render cache."""
         ctx = self.context_length
-        fork_reason = None if parent is not None or relation == "root" else "no_prefix_match"
+        fork_reason = None if parent is not None or relation == "root" else (fork_hint or "no_prefix_match")
         if parent is not None and session.mode == "token_exact":
             base = parent.prompt_ids + parent.output_ids
             try:

@@ -327,8 +327,8 @@ class GatewayMetrics:
                 reason = o.fork_reason or "unknown"
                 self._child(self.forks, reason).inc()
                 self._fork_reasons[reason] += 1
-            if o.relation != "root":
-                g.observe("forks", int(o.relation == "fork"), 1)
+            if o.relation != "root":  # a compacted history is the client's choice, not a failure to match
+                g.observe("forks", int(o.relation == "fork" and o.fork_reason != "compacted"), 1)
 
     def record_export(self, samples: Iterable[Mapping[str, Any]], stats: Mapping[str, int], style: str,
                       current_version: int | None) -> None:

@@ -15,9 +15,12 @@ The token tree above breaks where a request forks (edited history, other tools, 
 that could not be bridged). Lineage joins the pieces by *messages*: a parentless interaction's
 lineage parent is the completed interaction whose messages + reply are the longest prefix of
 its messages, whatever the tools or template arguments (ties: the latest). An interaction with
-a token parent has it as its lineage parent. The roots of the lineage forest are the session's
-conversations; rewards are discounted along lineage, so a later turn's reward reaches earlier
-turns across a fork. Lineage is computed only when a session has more than one token root.
+a token parent has it as its lineage parent. A fork with reason ``compacted`` (the client replaced
+its history by a summary: :mod:`rlgate.trajectory.matchers`) has no such prefix: its lineage parent
+is the turn that wrote the summary (:func:`~rlgate.trajectory.matchers.compaction_source`).
+The roots of the lineage forest are the session's conversations; rewards are discounted along
+lineage, so a later turn's reward reaches earlier turns across a fork. Lineage is computed only
+when a session has more than one token root.
 
 Discount
 --------
@@ -35,6 +38,7 @@ from typing import Any
 
 from rlgate.chat.conversation import DigestChain, Message
 from rlgate.trajectory.interaction import Interaction, Session
+from rlgate.trajectory.matchers import compaction_source
 
 
 def find_parent(
@@ -99,7 +103,10 @@ def lineage_parents(interactions: list[Interaction]) -> dict[str, str | None]:
         return out
     memo: dict[Any, bytes] = {}
     covers: dict[str, str] = {}  # digest of messages + reply (no context) -> latest earlier interaction
-    for i in interactions:
+    for n, i in enumerate(interactions):
+        if out[i.id] is None and i.fork_reason == "compacted":
+            source = compaction_source(i, interactions[:n])
+            out[i.id] = source.id if source is not None else None
         chain = DigestChain("", memo)
         prefixes: list[str] = []
         for m in i.messages:
