@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import threading
 from typing import Any
 
@@ -102,3 +103,44 @@ async def test_smolagents_tool_calling_agent_is_one_conversation(make_app, token
     ends = [k for k in range(1, len(mask)) if mask[k - 1] and not mask[k]]
     assert all("Observation:" in tokenizer.decode(ids[e:r]) for e, r in zip(ends, runs[1:], strict=True))
     assert sample["messages"][2]["content"].startswith("Calling tools:\n[{'id': 'call_")  # recorded as sent
+
+
+# --------------------------------------------------------------------------- mini-swe-agent
+
+
+def _mini() -> list[str]:
+    from rlgate.agents.mini_swe_agent import MiniNotFound, ensure_mini
+
+    try:
+        return ensure_mini()
+    except (MiniNotFound, OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"mini-swe-agent is not installable here: {exc}")
+
+
+async def test_mini_swe_agent_episode_with_its_defaults(make_app, tokenizer):
+    """mini-swe-agent 2.4 (the real package, its own venv) plays one episode with the harness: one bash
+    command, then it submits. Offline, without a terminal, with its default config (issue 26: its setup
+    wizard aborted without a terminal, and the first call raised a cost-calculation error)."""
+    from rlgate.agents.mini_swe_agent import MiniSweAgent
+
+    exe = _mini()
+    engine = FakeEngine(tokenizer, script=Turns([
+        "I will look.\n" + call_text("bash", {"command": "echo hi > made_by_agent.txt && ls"}),
+        "Done.\n" + call_text("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]),
+        max_context_length=65536)
+    seen: dict[str, Any] = {}
+
+    def verify(workdir, transcript, data):
+        seen["file"] = (workdir / "made_by_agent.txt").read_text() if (workdir / "made_by_agent.txt").exists() else None
+        seen["transcript"] = transcript
+        return 1.0 if seen["file"] == "hi\n" else 0.0
+
+    agent = MiniSweAgent(verifier=verify, executable=exe, model="tiny", time_limit=300)
+    async with gateway(make_app(engine)) as (url, admin, sid, key):
+        reward = await agent.run({"prompt": "Create made_by_agent.txt."}, base_url=url, api_key=key)
+        exp = await export(admin, sid, key)
+    t = seen["transcript"]
+    assert reward == 1.0, (t.returncode, t.stdout[-3000:], t.stderr[-3000:])
+    assert t.returncode == 0 and not t.timed_out
+    stats = exp["stats"]
+    assert (stats["completed"], stats["fork"], stats["conversations"]) == (2, 0, 1), stats

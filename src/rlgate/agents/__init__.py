@@ -3,6 +3,7 @@
 * :mod:`~rlgate.agents.cli_agent` — :class:`CLIAgent`: working directory, throwaway HOME,
   gateway URL + session key in the environment, time limit, reward from a verifier;
 * :mod:`~rlgate.agents.claude_code` / :mod:`~rlgate.agents.codex` — the two CLIs;
+* :mod:`~rlgate.agents.mini_swe_agent` — mini-swe-agent (``mini``, from its own venv);
 * :mod:`~rlgate.agents.npm` — find or install the CLIs from npm;
 * :mod:`~rlgate.agents.bugfix` — a tiny generated-repo bug-fix task and its test verifier.
 
@@ -12,5 +13,6 @@ See docs/agents.md.
 from rlgate.agents.claude_code import ClaudeCodeAgent
 from rlgate.agents.cli_agent import CLIAgent, Transcript
 from rlgate.agents.codex import CodexAgent
+from rlgate.agents.mini_swe_agent import MiniSweAgent
 
-__all__ = ["CLIAgent", "ClaudeCodeAgent", "CodexAgent", "Transcript"]
+__all__ = ["CLIAgent", "ClaudeCodeAgent", "CodexAgent", "MiniSweAgent", "Transcript"]
