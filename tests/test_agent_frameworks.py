@@ -11,6 +11,7 @@ import contextlib
 import json
 import subprocess
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -144,3 +145,200 @@ async def test_mini_swe_agent_episode_with_its_defaults(make_app, tokenizer):
     assert t.returncode == 0 and not t.timed_out
     stats = exp["stats"]
     assert (stats["completed"], stats["fork"], stats["conversations"]) == (2, 0, 1), stats
+
+
+# --------------------------------------------------------------------------- Python frameworks
+
+ADD_CALL = call_text("add", {"a": 1, "b": 2})
+THINK_CALL = "<think>I should add.</think>" + ADD_CALL
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def _stats(exp: dict) -> tuple[int, int, int]:
+    s = exp["stats"]
+    return s["completed"], s["fork"], s["conversations"]
+
+
+async def test_openai_agents_sdk_defaults_with_tracing_off(make_app, tokenizer):
+    """The Agents SDK with its default model (Responses API), no token limit (the gateway now allows the
+    rest of the context), tracing off (set_tracing_disabled / OPENAI_AGENTS_DISABLE_TRACING=1: else it
+    sends the session key to api.openai.com's trace endpoint)."""
+    agents = pytest.importorskip("agents", reason="openai-agents is not installed")
+    from openai import AsyncOpenAI
+
+    agents.set_tracing_disabled(True)
+    engine = FakeEngine(tokenizer, script=Turns([THINK_CALL, "It is 3."]))
+    async with gateway(make_app(engine, reasoning_parser="think")) as (url, admin, sid, key):
+        client = AsyncOpenAI(base_url=url + "/v1", api_key=key)
+        model = agents.OpenAIResponsesModel(model="tiny", openai_client=client)
+        agent = agents.Agent(name="adder", instructions="Use the tool.", model=model,
+                             tools=[agents.function_tool(add)])
+        result = await agents.Runner.run(agent, "What is 1 + 2?")
+        exp = await export(admin, sid, key)
+    assert result.final_output == "It is 3."
+    assert _stats(exp) == (2, 0, 1)
+
+
+async def test_pydantic_ai_defaults(make_app, tokenizer):
+    """pydantic-ai 2.68 (OpenAI Chat model, strict tools: reported, not enforced) and its Anthropic model."""
+    pytest.importorskip("pydantic_ai", reason="pydantic-ai is not installed (pip install 'pydantic-ai-slim[openai,anthropic]')")
+    from pydantic_ai import Agent
+    from pydantic_ai.models.anthropic import AnthropicModel
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.anthropic import AnthropicProvider
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    for kind in ("openai", "anthropic"):
+        engine = FakeEngine(tokenizer, script=Turns([THINK_CALL, "It is 3."]))
+        async with gateway(make_app(engine, reasoning_parser="think")) as (url, admin, sid, key):
+            if kind == "openai":
+                model: Any = OpenAIChatModel("tiny", provider=OpenAIProvider(base_url=url + "/v1", api_key=key))
+            else:
+                model = AnthropicModel("tiny", provider=AnthropicProvider(base_url=url, api_key=key))
+            agent = Agent(model, tools=[add])
+            result = await agent.run("What is 1 + 2?")
+            exp = await export(admin, sid, key)
+        assert result.output == "It is 3.", kind
+        assert _stats(exp) == (2, 0, 1), kind
+
+
+@pytest.mark.parametrize("kind", ["chat", "responses", "anthropic"])
+async def test_langgraph_agent_defaults(make_app, tokenizer, kind):
+    """LangChain 1.x create_agent (a LangGraph graph) with ChatOpenAI (Chat and Responses) and ChatAnthropic."""
+    lc_agents = pytest.importorskip("langchain.agents", reason="langchain / langgraph are not installed")
+    engine = FakeEngine(tokenizer, script=Turns([THINK_CALL, "It is 3."]))
+    async with gateway(make_app(engine, reasoning_parser="think")) as (url, admin, sid, key):
+        if kind == "anthropic":
+            chat_anthropic = pytest.importorskip("langchain_anthropic", reason="langchain-anthropic is not installed")
+            model: Any = chat_anthropic.ChatAnthropic(model="tiny", base_url=url, api_key=key)
+        else:
+            from langchain_openai import ChatOpenAI
+
+            model = ChatOpenAI(model="tiny", base_url=url + "/v1", api_key=key, use_responses_api=kind == "responses")
+        agent = lc_agents.create_agent(model, tools=[add])
+        out = await agent.ainvoke({"messages": [{"role": "user", "content": "What is 1 + 2?"}]})
+        exp = await export(admin, sid, key)
+    assert out["messages"][-1].text == "It is 3."
+    assert _stats(exp) == (2, 0, 1)
+
+
+# --------------------------------------------------------------------------- LiteLLM (mini-swe-agent's venv)
+
+LITELLM_ROUND = r'''
+import json, sys
+import litellm
+url, key, kind = sys.argv[1:4]
+tools = [{"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+model, base = {"openai": ("openai/tiny", url + "/v1"), "anthropic": ("anthropic/tiny", url),
+               "anthropic_v1": ("anthropic/tiny", url + "/v1")}[kind]
+messages = [{"role": "user", "content": "What is 1 + 2?"}]
+try:
+    r = litellm.completion(model=model, api_base=base, api_key=key, messages=messages, tools=tools)
+except Exception as exc:
+    print(json.dumps({"error": type(exc).__name__, "status": getattr(exc, "status_code", None)}))
+    sys.exit(0)
+msg = r.choices[0].message
+call = msg.tool_calls[0]
+messages += [msg.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "3"}]
+r2 = litellm.completion(model=model, api_base=base, api_key=key, messages=messages, tools=tools)
+print(json.dumps({"version": litellm._version.version if hasattr(litellm, "_version") else "",
+                  "call": call.function.name, "answer": r2.choices[0].message.content}))
+'''
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic", "anthropic_v1"])
+async def test_litellm_openai_and_anthropic_providers(make_app, tokenizer, kind, tmp_path):
+    """LiteLLM (from mini-swe-agent's venv: 380 MB, not a test dependency) with its defaults. ``anthropic/``
+    takes the gateway ROOT as api_base (it appends /v1/messages itself): with ``…/v1`` it calls
+    /v1/v1/messages, a 404 (documented in docs/agents.md, not served as an alias)."""
+    import asyncio
+
+    exe = _mini()
+    python = str(Path(exe[0]).parent / "python")
+    script = tmp_path / "round.py"
+    script.write_text(LITELLM_ROUND)
+    engine = FakeEngine(tokenizer, script=Turns([ADD_CALL, "It is 3."]))
+    async with gateway(make_app(engine)) as (url, admin, sid, key):
+        env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+        proc = await asyncio.create_subprocess_exec(python, str(script), url, key, kind, env=env,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()[-3000:]
+        result = json.loads(out.decode().strip().splitlines()[-1])
+        exp = await export(admin, sid, key)
+    if kind == "anthropic_v1":
+        assert result == {"error": "NotFoundError", "status": 404}
+        return
+    assert (result["call"], result["answer"]) == ("add", "It is 3."), result
+    assert _stats(exp) == (2, 0, 1)
+
+
+# --------------------------------------------------------------------------- Vercel AI SDK (npm)
+
+AI_SDK_ROUND = r'''
+const prefix = process.env.SDK_PREFIX + "/node_modules/";
+const { generateText, tool, stepCountIs, jsonSchema } = require(prefix + "ai");
+const { createOpenAI } = require(prefix + "@ai-sdk/openai");
+const { createAnthropic } = require(prefix + "@ai-sdk/anthropic");
+const [url, key, kind] = process.argv.slice(2);
+const model = kind === "openai" ? createOpenAI({ baseURL: url + "/v1", apiKey: key })("tiny")  // Responses API
+  : kind === "openai_chat" ? createOpenAI({ baseURL: url + "/v1", apiKey: key }).chat("tiny")
+  : createAnthropic({ baseURL: url + "/v1", apiKey: key })("tiny");
+const add = tool({
+  description: "Add two integers",
+  inputSchema: jsonSchema({ type: "object", properties: { a: { type: "integer" }, b: { type: "integer" } },
+                            required: ["a", "b"] }),
+  execute: async ({ a, b }) => a + b,
+});
+(async () => {
+  const r = await generateText({ model, tools: { add }, stopWhen: stepCountIs(3), prompt: "What is 1 + 2?" });
+  console.log(JSON.stringify({ text: r.text, steps: r.steps.length }));
+})().catch((e) => { console.log(JSON.stringify({ error: String(e) })); process.exit(0); });
+'''
+SDK_PREFIX = Path.home() / ".cache" / "rlgate-npm-sdk"
+
+
+def _ai_sdk() -> Path:
+    """The npm prefix holding ai, @ai-sdk/openai and @ai-sdk/anthropic (installed if npm can)."""
+    import shutil
+
+    if not (SDK_PREFIX / "node_modules" / "@ai-sdk" / "anthropic").is_dir():
+        npm = shutil.which("npm")
+        if npm is None or shutil.which("node") is None:
+            pytest.skip("node / npm are not installed")
+        proc = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(SDK_PREFIX), "ai@6",
+                               "@ai-sdk/openai@3", "@ai-sdk/anthropic@3"], capture_output=True, text=True, timeout=600,
+                              check=False)
+        if proc.returncode != 0:
+            pytest.skip(f"npm could not install the AI SDK: {proc.stderr.strip()[-500:]}")
+    return SDK_PREFIX
+
+
+@pytest.mark.parametrize("kind", ["openai", "openai_chat", "anthropic"])
+async def test_vercel_ai_sdk_defaults(make_app, tokenizer, kind, tmp_path):
+    """The Vercel AI SDK (ai 6, @ai-sdk/openai 3, @ai-sdk/anthropic 3) with its defaults: openai() is the
+    Responses API with store on, and sends the reasoning item it received back as an item_reference
+    (issue 26: answered 400 before); .chat() is Chat Completions; the Anthropic provider Messages."""
+    import asyncio
+
+    prefix = _ai_sdk()
+    script = tmp_path / "round.js"
+    script.write_text(AI_SDK_ROUND)
+    engine = FakeEngine(tokenizer, script=Turns([THINK_CALL, "It is 3."]))
+    async with gateway(make_app(engine, reasoning_parser="think")) as (url, admin, sid, key):
+        proc = await asyncio.create_subprocess_exec("node", str(script), url, key, kind,
+                                                    env={"SDK_PREFIX": str(prefix), "PATH": "/usr/bin:/bin"},
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate()
+        result = json.loads(out.decode().strip().splitlines()[-1])
+        exp = await export(admin, sid, key)
+    assert result == {"text": "It is 3.", "steps": 2}, (result, err.decode()[-2000:])
+    assert _stats(exp) == (2, 0, 1)
+    if kind == "openai":  # the second request named the reasoning item by reference
+        second = exp["interactions"][0]["messages"]
+        assert any(m.get("reasoning_content") == "I should add." for m in second if m["role"] == "assistant")
