@@ -12,6 +12,7 @@ from helpers import admin_headers, key_headers, start_session
 from rlgate.api.anthropic.serving import SIGNATURE
 from rlgate.engine.base import EngineError, TokenDelta
 from rlgate.engine.fake import FakeEngine, fake_logprob
+from wire import sse_events
 
 USER = [{"role": "user", "content": "hi"}]
 ADD_TOOL = {"name": "add", "description": "Add two integers", "input_schema": {
@@ -40,20 +41,6 @@ async def _export(c, sid):
 async def _end_and_export(c, sid, key):
     await c.post("/rl/end_session", headers=key_headers(key))
     return await _export(c, sid)
-
-
-def parse_sse(text: str) -> list[tuple[str, dict]]:
-    """``event:`` / ``data:`` frames -> [(event name, data)]; checks the framing on the way."""
-    events = []
-    for frame in text.split("\n\n"):
-        if not frame.strip():
-            continue
-        lines = frame.split("\n")
-        assert lines[0].startswith("event: ") and lines[1].startswith("data: ") and len(lines) == 2, frame
-        name, data = lines[0][len("event: "):], json.loads(lines[1][len("data: "):])
-        assert data["type"] == name
-        events.append((name, data))
-    return events
 
 
 def assemble(events: list[tuple[str, dict]]) -> dict:
@@ -244,7 +231,7 @@ async def test_thinking_block_with_reasoning_parser(make_app, asgi_client, token
         assert msg["content"][0] == {"type": "thinking", "thinking": "Add them.", "signature": SIGNATURE}
         assert msg["stop_reason"] == "tool_use"
         r = await c.post("/v1/messages", json=body(stream=True), headers=hdr(key))
-    events = parse_sse(r.text)
+    events = sse_events(r.text)
     streamed = assemble(events)
     assert streamed["content"] == [{"type": "thinking", "thinking": "simple", "signature": SIGNATURE},
                                    {"type": "text", "text": "Done."}]
@@ -252,10 +239,13 @@ async def test_thinking_block_with_reasoning_parser(make_app, asgi_client, token
     names = [(n, d.get("delta", {}).get("type")) for n, d in events]
     i = names.index(("content_block_delta", "signature_delta"))
     assert names[i + 1][0] == "content_block_stop"
-    start = next(d for n, d in parse_sse(r.text) if n == "content_block_start")  # not rebuilt by assemble()
+    start = next(d for n, d in sse_events(r.text) if n == "content_block_start")  # not rebuilt by assemble()
     assert start["content_block"] == {"type": "thinking", "thinking": "", "signature": ""}  # as the API: the
     # signature comes in its delta
-    assert SIGNATURE  # non-empty: clients treat "" as unsigned and re-send the reasoning as user text
+    # what a client receives is signed, in the plain answer and in the stream's delta, with the same non-empty
+    # signature: clients treat "" as unsigned and re-send the reasoning as user text
+    delta_signature = events[i][1]["delta"]["signature"]
+    assert delta_signature and delta_signature == msg["content"][0]["signature"]
 
 
 BAD_REQUESTS = [
@@ -428,7 +418,7 @@ async def test_claude_code_shaped_request(make_app, asgi_client, tokenizer):
         assert r.status_code == 200, r.text
         assert r.headers["content-type"].startswith("text/event-stream")
         assert set(r.headers["x-rlgate-ignored-params"].split(",")) == {"metadata", "thinking"}
-        msg = assemble(parse_sse(r.text))
+        msg = assemble(sse_events(r.text))
         assert msg["content"] == [{"type": "text", "text": "There is one file: file.txt"}]
         exp = await _end_and_export(c, sid, key)
     item = exp["interactions"][0]
@@ -451,7 +441,7 @@ async def test_streaming_events_and_parity_with_the_json_response(make_app, asgi
             plain = (await c.post("/v1/messages", json=body(tools=[ADD_TOOL]), headers=hdr(key))).json()
             r = await c.post("/v1/messages", json=body(tools=[ADD_TOOL], stream=True), headers=hdr(key))
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-            events = parse_sse(r.text)
+            events = sse_events(r.text)
             streamed = assemble(events)
             # same content, stop reason and usage as the non-streamed call (ids differ per call)
             for key_ in ("content", "stop_reason", "stop_sequence", "usage", "model", "role", "type"):
@@ -479,7 +469,7 @@ async def test_streamed_tool_use_events(make_app, asgi_client, tokenizer):
     async with asgi_client(make_app(engine)) as c:
         _, key = await start_session(c)
         r = await c.post("/v1/messages", json=body(tools=[ADD_TOOL], stream=True), headers=hdr(key))
-    events = parse_sse(r.text)
+    events = sse_events(r.text)
     starts = [d for n, d in events if n == "content_block_start"]
     assert [s["index"] for s in starts] == [0, 1, 2]
     assert starts[0]["content_block"] == {"type": "text", "text": ""}
@@ -513,7 +503,7 @@ async def test_error_during_the_stream_is_an_error_event(make_app, asgi_client, 
         sid, key = await start_session(c)
         r = await c.post("/v1/messages", json=body(stream=True), headers=hdr(key))
         assert r.status_code == 200  # the stream had started
-        events = parse_sse(r.text)
+        events = sse_events(r.text)
         # the non-streamed form of the same failure is an HTTP error in Anthropic's shape
         r2 = await c.post("/v1/messages", json=body(), headers=hdr(key))
         assert r2.status_code == 502 and r2.json()["error"]["type"] == "api_error"
@@ -582,7 +572,7 @@ async def test_text_after_a_tool_call_is_a_further_block_in_both_forms(make_app,
         _, key = await start_session(c)
         plain = (await c.post("/v1/messages", json=body(tools=[ADD_TOOL]), headers=hdr(key))).json()
         r = await c.post("/v1/messages", json=body(tools=[ADD_TOOL], stream=True), headers=hdr(key))
-    streamed = assemble(parse_sse(r.text))
+    streamed = assemble(sse_events(r.text))
     assert [b["type"] for b in plain["content"]] == ["text", "tool_use", "text"]
     # blanks between the blocks are kept (in the later block), so that the blocks' texts
     # joined give back exactly the recorded reply text (what prefix matching compares)

@@ -11,6 +11,7 @@ from pydantic import TypeAdapter
 
 from helpers import admin_headers, key_headers, start_session
 from rlgate.engine.fake import FakeEngine
+from wire import sse_events
 
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 TOOLS = [{"type": "function", "name": "add", "description": "Add two numbers", "strict": False,
@@ -38,15 +39,6 @@ async def export(c, sid, key):
     r = await c.post("/export_trajectories", json={"session_id": sid}, headers=admin_headers())
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def parse_sse(raw: str) -> list[tuple[str, dict]]:
-    events = []
-    for block in raw.strip().split("\n\n"):
-        lines = block.split("\n")
-        assert lines[0].startswith("event: ") and lines[1].startswith("data: ") and len(lines) == 2, block
-        events.append((lines[0][len("event: "):], json.loads(lines[1][len("data: "):])))
-    return events
 
 
 def normalized(resp: dict) -> dict:
@@ -413,7 +405,7 @@ async def test_previous_response_id_round_trip_extends(make_app, asgi_client, to
 async def _stream(c, key, **body) -> list[tuple[str, dict]]:
     r = await c.post("/v1/responses", json={**body, "stream": True}, headers=key_headers(key))
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-    return parse_sse(r.text)
+    return sse_events(r.text)
 
 
 def check_stream(events: list[tuple[str, dict]], markup_in_text: bool = False) -> dict:

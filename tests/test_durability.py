@@ -4,7 +4,6 @@ was told; SIGTERM lets in-flight requests finish and exits 0 with a consistent s
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sqlite3
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 from helpers import ADMIN_KEY, eventually, free_port, wait_healthy
+from wire import sse_data
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -37,11 +37,6 @@ def serve(model: Path, store: Path, log: Path, *extra: str) -> tuple[subprocess.
     return proc, url
 
 
-def parse_sse(text: str) -> list[dict]:
-    return [json.loads(line[6:]) for line in text.splitlines()
-            if line.startswith("data: ") and line != "data: [DONE]"]
-
-
 async def one_turn(c: httpx.AsyncClient, key: str, messages: list[dict], *, stream: bool, surface: str) -> dict:
     """One generation; returns what the client saw: id, text, prompt / completion token counts."""
     h = {"Authorization": f"Bearer {key}"}
@@ -55,7 +50,7 @@ async def one_turn(c: httpx.AsyncClient, key: str, messages: list[dict], *, stre
                     "completion": j["usage"]["output_tokens"]}
         async with c.stream("POST", "/v1/messages", json=body, headers=h) as s:
             s.raise_for_status()
-            events = parse_sse((await s.aread()).decode())
+            events = sse_data((await s.aread()).decode())
         assert events[-1]["type"] == "message_stop", events[-1]
         start = next(e for e in events if e["type"] == "message_start")["message"]
         delta = next(e for e in events if e["type"] == "message_delta")
@@ -74,7 +69,7 @@ async def one_turn(c: httpx.AsyncClient, key: str, messages: list[dict], *, stre
         s.raise_for_status()
         raw = (await s.aread()).decode()
     assert raw.rstrip().endswith("data: [DONE]")
-    chunks = parse_sse(raw)
+    chunks = sse_data(raw)
     usage = chunks[-1]["usage"]
     text = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks if ch["choices"])
     return {"id": chunks[0]["id"], "text": text, "prompt": usage["prompt_tokens"],
@@ -196,7 +191,7 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(tiny_tokenizer_dir, tok
                     chunks = [line async for line in s.aiter_lines()]
                 raw = "\n".join(chunks)
                 assert raw.rstrip().endswith("data: [DONE]")
-                events = parse_sse(raw)
+                events = sse_data(raw)
                 text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
                 return sid, {"id": events[0]["id"], "text": text, "prompt": events[-1]["usage"]["prompt_tokens"],
                              "completion": events[-1]["usage"]["completion_tokens"]}

@@ -13,16 +13,11 @@ from remote_helpers import KINDS
 from rlgate.client import GatewayClient
 from rlgate.engine.fake import FakeEngine
 from rlgate.server.runner import ServerThread
+from wire import sse_data
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
 CALL = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
-
-
-def parse_sse(text: str) -> list:
-    frames = [f[len("data: "):] for f in text.strip().split("\n\n") if f.startswith("data: ")]
-    assert frames[-1] == "[DONE]"
-    return [json.loads(f) for f in frames[:-1]]
 
 
 @pytest.mark.parametrize("include_usage", [False, True])
@@ -38,7 +33,7 @@ async def test_raw_sse_chunk_invariants(make_app, tokenizer, include_usage):
                 r = await h.post(url + "/v1/chat/completions", json=body,
                                  headers={"Authorization": f"Bearer {s.api_key}"})
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-            chunks = parse_sse(r.text)
+            chunks = sse_data(r.text, done=True)
     assert len({c["id"] for c in chunks}) == 1
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     finishes = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]

@@ -20,6 +20,7 @@ from rlgate.server.app import create_app
 from rlgate.server.runner import ServerThread
 from rlgate.store.base import MemoryStore
 from rlgate.store.sqlite import SQLiteStore
+from wire import chat
 
 GUARDS = [s.name for s in guard_specs(GatewayConfig(admin_key="x" * 40))]
 GUARD_METRICS = [
@@ -63,12 +64,6 @@ async def scrape(c) -> dict:
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/plain")
     return parse(r.text)
-
-
-async def chat(c, key, messages, **kw):
-    r = await c.post("/v1/chat/completions", json={"messages": messages, **kw}, headers=key_headers(key))
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 async def end_and_export(c, key, sid, **kw):

@@ -9,6 +9,7 @@ import pytest
 from helpers import ADMIN_KEY, admin_headers, key_headers, start_session
 from remote_helpers import KINDS
 from rlgate.engine.fake import FakeEngine, Scripted
+from wire import chat
 
 
 @pytest.fixture(params=KINDS)
@@ -24,12 +25,6 @@ TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add tw
 def call_text(name: str, args: dict) -> str:
     """Exactly what the tiny template renders for a tool call (so outputs are re-render stable)."""
     return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(args)}}}\n</tool_call>'
-
-
-async def chat(c, key, messages, **kw):
-    r = await c.post("/v1/chat/completions", json={"messages": messages, **kw}, headers=key_headers(key))
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 async def export(c, sid, **kw):

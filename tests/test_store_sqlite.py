@@ -16,6 +16,7 @@ from rlgate.engine.fake import FakeEngine
 from rlgate.store import open_store
 from rlgate.store.base import MemoryStore, StoreError
 from rlgate.store.sqlite import SQLiteStore, StoreLocked, decode_floats, decode_ints, encode_floats, encode_ints
+from wire import chat
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
@@ -38,12 +39,6 @@ def persisted(obj) -> dict:
             v = [dataclasses.asdict(t) for t in v]
         out[f.name] = v
     return out
-
-
-async def chat(c, key, messages, **kw):
-    r = await c.post("/v1/chat/completions", json={"messages": messages, **kw}, headers=key_headers(key))
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 async def export(c, sid, **kw):

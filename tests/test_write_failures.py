@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from helpers import ADMIN_KEY, free_port, wait_healthy
+from wire import chat_call
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -56,11 +57,6 @@ def disk_full(proc: subprocess.Popen):
         resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 
 
-def chat(c: httpx.Client, key: str, messages: list[dict], stream: bool = False) -> httpx.Response:
-    return c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8, "stream": stream},
-                  headers={"Authorization": f"Bearer {key}"})
-
-
 @pytest.mark.slow
 def test_a_refused_turn_leaves_nothing_a_reward_can_land_on(tiny_tokenizer_dir, tmp_path):
     store = tmp_path / "gw.sqlite"
@@ -68,15 +64,15 @@ def test_a_refused_turn_leaves_nothing_a_reward_can_land_on(tiny_tokenizer_dir, 
         r = c.post("/rl/start_session", json={"task_id": "t"}, headers=ADMIN)
         sid, key = r.json()["session_id"], r.json()["api_key"]
         messages = [{"role": "user", "content": "hello"}]
-        r = chat(c, key, messages)
+        r = c.post(**chat_call(key, messages, max_tokens=8))
         assert r.status_code == 200
         durable_id = r.json()["id"]
         messages += [r.json()["choices"][0]["message"], {"role": "user", "content": "more"}]
         with disk_full(proc):
-            r = chat(c, key, messages)
+            r = c.post(**chat_call(key, messages, max_tokens=8))
             assert r.status_code == 503, r.text
             assert r.json()["error"]["code"] == "store_unavailable"
-            r = chat(c, key, messages, stream=True)  # streamed: the in-band error event
+            r = c.post(**chat_call(key, messages, max_tokens=8, stream=True))  # streamed: the in-band error event
             assert r.status_code == 200 and '"code":"store_unavailable"' in r.text
         # space is back: the reward goes to the last interaction that is in the store
         r = c.post("/rl/set_reward", json={"reward": 7.0}, headers={"Authorization": f"Bearer {key}"})
