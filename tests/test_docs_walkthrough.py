@@ -55,6 +55,7 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 @pytest.mark.timeout(3600)  # six CLI runs on a tiny model; generous for a loaded 2-core machine
 def test_the_training_walkthrough_runs_verbatim(tmp_path):
     tb_port = free_port()

@@ -246,6 +246,7 @@ def test_bridge_and_render_stay_exact_with_a_cache(tokenizer):
     assert renderer.render_ids(msgs, tools) == renderer.render_ids(msgs, tools, max_chars=10**6)
 
 
+@pytest.mark.torch  # the family checkpoints are built with weights
 @pytest.mark.parametrize("family", ["kimi_k2", "llama3", "gpt_oss"])
 async def test_bounds_cover_every_family_renderer(tmp_path, family, monkeypatch):
     """The bounds sit in front of whichever renderer the model family brings (``renderers``-backed:
