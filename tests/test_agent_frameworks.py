@@ -342,3 +342,55 @@ async def test_vercel_ai_sdk_defaults(make_app, tokenizer, kind, tmp_path):
     if kind == "openai":  # the second request named the reasoning item by reference
         second = exp["interactions"][0]["messages"]
         assert any(m.get("reasoning_content") == "I should add." for m in second if m["role"] == "assistant")
+
+
+# --------------------------------------------------------------------------- Claude Agent SDK (own venv)
+
+CLAUDE_AGENT_ROUND = r'''
+import asyncio, json, sys
+from claude_agent_sdk import ClaudeAgentOptions, query
+url, key, workdir, home = sys.argv[1:5]
+async def main():
+    env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": key, "HOME": home, "DISABLE_TELEMETRY": "1",
+           "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    kinds = []
+    async for m in query(prompt="List the files here.", options=ClaudeAgentOptions(cwd=workdir, env=env)):
+        kinds.append(type(m).__name__)
+        if type(m).__name__ == "ResultMessage":
+            print(json.dumps({"kinds": kinds, "is_error": m.is_error, "result": m.result}))
+asyncio.run(main())
+'''
+CLAUDE_AGENT_VENV = Path.home() / ".cache" / "rlgate-venvs" / "claude-agent-sdk"
+
+
+async def test_claude_agent_sdk_defaults(make_app, tokenizer, tmp_path):
+    """The Claude Agent SDK (it runs the Claude Code CLI it bundles; 178 MB, so its own venv, not a test
+    dependency) with its default options: one Bash tool round, recorded as one chain."""
+    import asyncio
+
+    from rlgate.engine.fake import ToolRoundScript
+
+    python = CLAUDE_AGENT_VENV / "bin" / "python"
+    if not python.is_file():
+        pytest.skip(f"claude-agent-sdk is not installed in {CLAUDE_AGENT_VENV} (python -m venv it; pip install "
+                    "claude-agent-sdk: a 178 MB wheel)")
+    script = ToolRoundScript(tokenizer, prefer=("Bash",), text="ls", answer="Listed.")
+    engine = FakeEngine(tokenizer, script=script, max_context_length=400_000)
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    (work / "notes.txt").write_text("hi\n")
+    (tmp_path / "round.py").write_text(CLAUDE_AGENT_ROUND)
+    async with gateway(make_app(engine)) as (url, admin, sid, key):
+        proc = await asyncio.create_subprocess_exec(
+            str(python), str(tmp_path / "round.py"), url, key, str(work), str(home),
+            env={"PATH": "/usr/bin:/bin", "HOME": str(home)}, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 600)
+        exp = await export(admin, sid, key)
+    lines = out.decode().strip().splitlines()
+    assert lines, err.decode()[-3000:]
+    result = json.loads(lines[-1])
+    assert not result["is_error"] and result["result"] == "Listed.", (result, err.decode()[-2000:])
+    assert [c["name"] for c in script.calls] == ["Bash"]
+    assert _stats(exp) == (2, 0, 1), exp["stats"]
