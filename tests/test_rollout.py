@@ -105,6 +105,7 @@ async def test_dict_rewards_per_interaction(make_app, tokenizer):
     assert [s.reward for s in ep.samples] == [2.5, 2.0]
 
 
+@pytest.mark.slow  # the hanging agents are cut by a 15 s episode timeout (generous for a loaded machine)
 async def test_failing_and_hanging_agents_lose_only_their_episode(make_app, tokenizer):
     with ServerThread(make_app(FakeEngine(tokenizer, script=lambda r: "7"))) as url:
         async with GatewayClient(url, ADMIN_KEY) as client:

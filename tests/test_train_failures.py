@@ -101,6 +101,7 @@ def test_an_agent_that_always_raises_stops_the_run_with_one_traceback(work):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
+@pytest.mark.slow  # four rlgate train runs (a subprocess each, torch and the tiny model loaded)
 @pytest.mark.parametrize(("agent", "message"), [
     ("agents:ReturnsNone", "agent returned None (NoneType); expected a finite float"),
     ("agents:ReturnsText", "agent returned '"),
