@@ -33,7 +33,10 @@ class _Strict(BaseModel):
 class GRPOConfig(_Strict):
     """Optimisation hyper-parameters (rollout settings live in the runner). Unknown keys are errors."""
 
-    lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate (constant)")
+    lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate (the peak, with lr_schedule)")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        default="constant", description="after warmup: constant, linear or cosine decay to 0 at the last step")
+    warmup_steps: int = Field(default=0, ge=0, description="steps of linear warmup from lr/(warmup_steps+1) to lr")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay")
     betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas")
     max_grad_norm: float = Field(default=1.0, gt=0, description="gradient clipping (global L2 norm)")
@@ -50,6 +53,27 @@ class GRPOConfig(_Strict):
         default=64, ge=0, description="that many dropped groups in a row stop the run (0: never)")
     pad_token_id: int = Field(default=0, ge=0, description="padding id for batching")
     device: str | None = Field(default=None, description="trainer device; None: cuda if available else cpu")
+
+
+class LoraSettings(_Strict):
+    """``train.lora``: train LoRA adapters (PEFT) instead of every weight."""
+
+    r: int = Field(default=16, ge=1, description="adapter rank")
+    alpha: int = Field(default=32, ge=1, description="scaling: the update is (alpha / r) * B @ A")
+    target_modules: list[str] | str = Field(default="all-linear", description="module names to adapt, e.g. "
+                                            "[q_proj, v_proj]; 'all-linear': every linear layer but the output")
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on the adapter's input")
+
+
+class ModelSettings(_Strict):
+    """``train``: how the policy is held while it learns."""
+
+    dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="the trained weights' dtype "
+                                                  "(bfloat16: half the memory, no float32 master copy)")
+    gradient_checkpointing: bool = Field(default=False, description="recompute activations in the backward "
+                                         "pass: less memory, more time")
+    lora: LoraSettings | None = Field(default=None, description="train LoRA adapters only (needs peft); None: "
+                                      "full fine-tuning")
 
 
 class DatasetSource(_Strict):
@@ -74,6 +98,8 @@ class RolloutSettings(_Strict):
         default=32, ge=0, description="that many failed episodes in a row (e.g. the first N) stop the run; 0: never")
     reward_range: tuple[float, float] | None = Field(
         default=None, description="[low, high]: a reward outside stops the run (None: any finite float)")
+    seed: int | None = Field(default=None, description="seed the in-process local engine's sampling: a run's "
+                             "samples are reproducible (None: fresh randomness)")
 
     @field_validator("group_size")
     @classmethod
@@ -203,6 +229,7 @@ class TrainConfig(_Strict):
     keep_checkpoints: int = Field(default=3, ge=0, description="checkpoints kept (oldest deleted first; 0: all)")
     resume: bool = Field(default=True, description="continue from out_dir's latest checkpoint")
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    train: ModelSettings = Field(default_factory=ModelSettings)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)

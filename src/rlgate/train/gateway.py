@@ -253,7 +253,8 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path, *, 
         sync: Any = VersionSync(engine)
     else:
         try:
-            engine = LocalEngine(weights, device=cfg.gateway.device, max_context_length=cfg.gateway.context_length)
+            engine = LocalEngine(weights, device=cfg.gateway.device, max_context_length=cfg.gateway.context_length,
+                                 seed=cfg.rollout.seed)
         except Exception as exc:  # noqa: BLE001
             raise RunError(f"model: the engine cannot load {weights}: {type(exc).__name__}: {exc}") from None
         sync = ColocatedSync(engine)

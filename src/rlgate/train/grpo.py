@@ -78,14 +78,21 @@ class StepStats:
 class GRPOTrainer:
     """Owns the policy being trained, its optimiser and an optional frozen reference."""
 
-    def __init__(self, model: Any, config: GRPOConfig, ref_model: Any = None) -> None:
-        """``ref_model``: the frozen KL reference (default: a copy of ``model`` as given)."""
+    def __init__(self, model: Any, config: GRPOConfig, ref_model: Any = None, *, total_steps: int | None = None,
+                 steps_done: int = 0) -> None:
+        """``ref_model``: the frozen KL reference (default: a copy of ``model`` as given). ``total_steps``:
+        the run's length, for ``lr_schedule`` (None: the schedule never decays); ``steps_done``: steps a
+        resumed run has already taken (where the schedule continues)."""
         self.config = config
+        self.total_steps = total_steps
+        self.steps_done = steps_done
         self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = model.to(self.device)
         # Dropout off: the trainer's logprobs must be those of the policy that sampled
         # (eval() changes no gradient flow; it only disables stochastic layers).
         self.model.eval()
+        if getattr(self.model, "is_gradient_checkpointing", False):
+            _train_mode_without_dropout(self.model)  # transformers checkpoints only in training mode
         self.ref_model = None
         if config.kl_coef > 0:
             self.ref_model = (ref_model if ref_model is not None else copy.deepcopy(model)).to(self.device).eval()
@@ -96,13 +103,36 @@ class GRPOTrainer:
             lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
         )
 
-    def _forward_logprobs(self, model: Any, batch: dict[str, torch.Tensor], temps: torch.Tensor) -> torch.Tensor:
+    def lr_factor(self, k: int) -> float:
+        """The learning rate of training step ``k`` (0-based), as a fraction of ``lr``: linear warmup over
+        ``warmup_steps`` steps, then ``lr_schedule`` (constant, or linear / cosine decay to 0 at the last step)."""
+        cfg = self.config
+        if k < cfg.warmup_steps:
+            return (k + 1) / (cfg.warmup_steps + 1)
+        if cfg.lr_schedule == "constant" or not self.total_steps:
+            return 1.0
+        span = max(self.total_steps - cfg.warmup_steps, 1)
+        progress = min((k - cfg.warmup_steps) / span, 1.0)
+        if cfg.lr_schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def _forward_logprobs(self, model: Any, batch: dict[str, torch.Tensor], temps: torch.Tensor,
+                          entropy: list[torch.Tensor] | None = None) -> torch.Tensor:
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long()).logits
+        if entropy is not None:  # of the sampling distribution (at the sample's temperature), per position
+            with torch.no_grad():
+                t = torch.where(temps > 0, temps, torch.ones_like(temps)).to(logits.device).view(-1, 1, 1)
+                lp = torch.log_softmax(logits[:, :-1].float() / t, dim=-1)
+                entropy.append(torch.nn.functional.pad(-(lp.exp() * lp).sum(-1), (1, 0)))
         return token_logprobs(logits, batch["input_ids"], temps)
 
     def step(self, samples: list[Sample], group_ids: list[str], current_version: int) -> dict[str, float]:
         """One optimisation step on exported samples; returns metrics."""
         cfg = self.config
+        lr = cfg.lr * self.lr_factor(self.steps_done)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         # ------------------------------------------------------------------ advantages
         rewards = [0.0 if s.reward is None else float(s.reward) for s in samples]
         advantages = group_advantages(rewards, group_ids, scale_by_std=cfg.scale_adv_by_std)
@@ -125,6 +155,7 @@ class GRPOTrainer:
         metrics: dict[str, float] = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_ref": 0.0,
                                      "grad_norm": 0.0, "behav_logprob_abs_err": 0.0}
         err_sum, err_n, updates = 0.0, 0, 0
+        ent_sum = 0.0
         for start in range(0, n, per_update):
             idx = order[start:start + per_update]
             update_tokens = int(batch["loss_mask"][idx].sum())
@@ -132,7 +163,10 @@ class GRPOTrainer:
                 mb = idx[mb_start:mb_start + cfg.micro_batch_size]
                 sub = {k: v[mb] for k, v in batch.items() if k != "rewards"}
                 mask = sub["loss_mask"]
-                logp = self._forward_logprobs(self.model, sub, temps[mb].to(self.device))
+                ent: list[torch.Tensor] = []  # each sample is in exactly one update
+                logp = self._forward_logprobs(self.model, sub, temps[mb].to(self.device), ent)
+                if ent:
+                    ent_sum += float((ent[0] * mask).sum())
                 old = sub["logprobs"]
                 prox = None
                 if prox_all is not None:
@@ -170,6 +204,12 @@ class GRPOTrainer:
         metrics["samples"] = float(n)
         metrics["stale_samples"] = float(stale.sum())
         metrics["adv_abs_mean"] = float(advantages.abs().mean())
+        metrics["entropy"] = ent_sum / max(total_tokens, 1)  # mean over generated tokens, nats
+        metrics["lr"] = lr
+        gen = [s.generated_tokens for s in samples]
+        metrics["completion_len_mean"] = sum(gen) / max(len(gen), 1)
+        metrics["completion_len_max"] = float(max(gen, default=0))
+        self.steps_done += 1
         return metrics
 
     @torch.no_grad()
@@ -180,6 +220,17 @@ class GRPOTrainer:
             sub = {k: v[s:s + self.config.micro_batch_size] for k, v in batch.items() if k != "rewards"}
             outs.append(self._forward_logprobs(model, sub, temps[s:s + self.config.micro_batch_size].to(self.device)))
         return torch.cat(outs)
+
+
+def _train_mode_without_dropout(model: Any) -> None:
+    """Training mode (gradient checkpointing runs only there) with every dropout off, so the trainer's
+    logprobs stay those of the policy that sampled."""
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.eval()
+        if isinstance(getattr(m, "attention_dropout", None), float):
+            m.attention_dropout = 0.0
 
 
 # =============================================================================== the loop

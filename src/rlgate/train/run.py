@@ -90,6 +90,9 @@ def prepare(cfg: TrainConfig, *, need_data: bool = True) -> Prepared:
     agent = load_agent(cfg.agent, cfg.agent_kwargs)
     reward_fn = load_reward_fn(cfg.reward, cfg.reward_kwargs) if cfg.reward else None
     check_tracking(cfg)
+    from rlgate.train.policy import check_lora
+
+    check_lora(cfg)
     if cfg.ray is not None:
         from rlgate.train.gateway import check_ray
 
@@ -246,6 +249,7 @@ async def _run_training(cfg: TrainConfig, hooks: Hooks | None, *, stdout: bool |
 
     from rlgate.train.gateway import open_gateway
     from rlgate.train.grpo import GRPOTrainer, LoopState, grpo_loop
+    from rlgate.train.policy import load_policy
     from rlgate.train.telemetry import StepExporter
 
     hooks = hooks or Hooks()
@@ -273,25 +277,31 @@ async def _run_training(cfg: TrainConfig, hooks: Hooks | None, *, stdout: bool |
         shutil.rmtree(out / "trajectories", ignore_errors=True)
     # ------------------------------------------------------------------ 2. gateway
     weights = ckpt or prep.model
-    gw = await open_gateway(cfg, weights, prep.model, version=int(saved.get("version") or 0) if saved else 0)
+    version = int(saved.get("version") or 0) if saved else 0
+    lora_resume = ckpt is not None and cfg.train.lora is not None
+    if lora_resume:  # a checkpoint holds the adapter: serve the base, then push the merged weights (-> version)
+        weights, version = prep.model, max(version - 1, 0)
+    gw = await open_gateway(cfg, weights, prep.model, version=version)
     trackers = None
     exporter = None
     runner = None
     try:
         # -------------------------------------------------------------- 3. trainer
         try:
-            model = AutoModelForCausalLM.from_pretrained(weights)
-            # the KL reference is the starting model, also when resuming from a checkpoint
-            ref = (AutoModelForCausalLM.from_pretrained(prep.model)
-                   if ckpt is not None and cfg.grpo.kl_coef > 0 else None)
+            model = load_policy(cfg, prep.model, ckpt)
+            # the KL reference is the starting model, also when resuming from a checkpoint (or training LoRA)
+            ref = (AutoModelForCausalLM.from_pretrained(prep.model, dtype=model.dtype)
+                   if (ckpt is not None or cfg.train.lora is not None) and cfg.grpo.kl_coef > 0 else None)
+        except RunError:
+            raise
         except Exception as exc:  # noqa: BLE001 - name the checkpoint, not transformers' internals
-            raise RunError(f"model: cannot load {weights}: {type(exc).__name__}: {exc}") from None
-        trainer = GRPOTrainer(model, cfg.grpo, ref_model=ref)
+            raise RunError(f"model: cannot load {ckpt or prep.model}: {type(exc).__name__}: {exc}") from None
+        trainer = GRPOTrainer(model, cfg.grpo, ref_model=ref, total_steps=cfg.steps, steps_done=state.step)
         if saved is not None:
             trainer.optimizer.load_state_dict(saved["optimizer"])
             print(f"resuming from {ckpt} (step {state.step})", flush=True)
-            if gw.remote:
-                await gw.sync.push(trainer.model)  # the remote gateway must serve the resumed weights
+            if gw.remote or lora_resume:
+                await gw.sync.push(trainer.model)  # the gateway must serve the resumed weights
         runner = make_runner(cfg, gw.client, prep.agent, prep.reward_fn)
         trackers = Trackers(cfg, out, cfg.steps, stdout=stdout, start_step=state.step)
         exporter = StepExporter(cfg.metrics, extra_registries=gw.registries)
@@ -309,6 +319,7 @@ async def _run_training(cfg: TrainConfig, hooks: Hooks | None, *, stdout: bool |
             if ctrl_c.seen or (interrupt is not None and interrupt.seen):
                 raise asyncio.CancelledError
             trackers.log(st.step, result.metrics)
+            trackers.log_samples(st.step, result.samples)
             if cfg.tracking.trajectories:
                 from rlgate.trajectory.export import write_parquet
 

@@ -33,8 +33,9 @@ class ColocatedSync:
         self.engine = engine
 
     async def push(self, model: Any) -> int:
-        state = {k: v.detach() for k, v in model.state_dict().items()}
-        return await self.engine.update_weights_from_state_dict(state)
+        from rlgate.train.policy import serving_state_dict
+
+        return await self.engine.update_weights_from_state_dict(serving_state_dict(model))
 
 
 class RemoteSync:
@@ -50,7 +51,9 @@ class RemoteSync:
 
         self._n += 1
         path = self.directory / f"sync-{self._n:06d}"
-        await asyncio.to_thread(model.save_pretrained, path, safe_serialization=True)
+        from rlgate.train.policy import save_for_serving
+
+        await asyncio.to_thread(save_for_serving, model, path)
         version = await self.client.update_weights(str(path.resolve()))
         self._saved.append(path)
         while len(self._saved) > self.keep:

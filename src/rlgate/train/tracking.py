@@ -87,12 +87,48 @@ class JsonlTracker:
         self.file.close()
 
 
+SAMPLES_PER_STEP = 4
+MAX_TEXT = 400  # characters of a completion shown
+
+
+def samples_table(samples: list[Any], n: int = SAMPLES_PER_STEP) -> list[dict[str, Any]]:
+    """A few of a step's samples for the trackers: the best and the worst of the first groups."""
+    groups: dict[str, list[Any]] = {}
+    for s in samples:
+        groups.setdefault(str(s.group_id), []).append(s)
+    picked: list[Any] = []
+    for members in groups.values():
+        ranked = sorted(members, key=lambda s: s.reward if s.reward is not None else -math.inf, reverse=True)
+        picked += ranked[:1] + ranked[-1:] if len(ranked) > 1 else ranked
+        if len(picked) >= n:
+            break
+    return [{"group": str(s.group_id), "episode": s.episode, "reward": s.reward, "tokens": s.generated_tokens,
+             "completion": s.output_text or json.dumps((s.output_message or {}).get("tool_calls"))[:MAX_TEXT]}
+            for s in picked[:n]]
+
+
+def _markdown(rows: list[dict[str, Any]]) -> str:
+    def cell(v: Any) -> str:
+        text = str(v)[:MAX_TEXT].replace("|", "\\|").replace("\n", " ⏎ ")
+        return text
+
+    head = "| group | episode | reward | tokens | completion |\n|---|---|---|---|---|\n"
+    return head + "".join(f"| {cell(r['group'])} | {r['episode']} | {r['reward']} | {r['tokens']} | "
+                          f"{cell(r['completion'])} |\n" for r in rows)
+
+
 class TensorBoardTracker:
     def __init__(self, logdir: Path, purge_step: int | None = None) -> None:
         """``purge_step``: on resume, events from this step on (written after the checkpoint) are dropped."""
         from tensorboardX import SummaryWriter
 
         self.writer = SummaryWriter(logdir=str(logdir), flush_secs=10, purge_step=purge_step)
+
+    def log_config(self, text: str, step: int) -> None:
+        self.writer.add_text("config", "```yaml\n" + text + "\n```", global_step=step)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        self.writer.add_text("samples", _markdown(rows), global_step=step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
@@ -115,6 +151,13 @@ class WandbTracker:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log({k if "/" in k else f"train/{k}": v for k, v in metrics.items()}, step=step)
 
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        import wandb
+
+        columns = ["group", "episode", "reward", "tokens", "completion"]
+        self.run.log({"samples": wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])},
+                     step=step)
+
     def close(self) -> None:
         self.run.finish()
 
@@ -135,6 +178,9 @@ class MlflowTracker:
         clean = {k.replace("/", "_"): float(v) for k, v in metrics.items()
                  if isinstance(v, (int, float)) and math.isfinite(v)}
         self.mlflow.log_metrics(clean, step=step)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        self.mlflow.log_text(_markdown(rows), f"samples/step-{step:06d}.md")
 
     def close(self) -> None:
         self.mlflow.end_run()
@@ -181,7 +227,9 @@ class Trackers:
         if cfg.tracking.stdout if stdout is None else stdout:
             self.items.append(StdoutTracker(total_steps))
         if cfg.tracking.tensorboard:
-            self.items.append(TensorBoardTracker(out / "tensorboard", purge_step=start_step + 1 if start_step else None))
+            tb = TensorBoardTracker(out / "tensorboard", purge_step=start_step + 1 if start_step else None)
+            tb.log_config(cfg.to_yaml(), start_step)  # W&B and MLflow get it as the run's config / params
+            self.items.append(tb)
         if cfg.tracking.wandb:
             self.items.append(WandbTracker(cfg, name))
         if cfg.tracking.mlflow:
@@ -190,6 +238,14 @@ class Trackers:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for t in self.items:
             t.log(step, metrics)
+
+    def log_samples(self, step: int, samples: list[Any]) -> None:
+        """A few of the step's samples with their rewards: TensorBoard text, a W&B table, an MLflow artifact."""
+        rows = samples_table(samples)
+        for t in self.items:
+            log = getattr(t, "log_samples", None)
+            if log is not None and rows:
+                log(step, rows)
 
     def log_eval(self, step: int, metrics: dict[str, float]) -> None:
         """Evaluation results: to evals.jsonl, and as ``eval/<name>`` to the other trackers."""

@@ -43,7 +43,9 @@ The cluster's weight-update barrier uses it: pause every replica, load everywher
 
 from __future__ import annotations
 
+import array
 import asyncio
+import hashlib
 import inspect
 import logging
 import os
@@ -97,7 +99,10 @@ class LocalEngine(StreamingEngineMixin):
         max_batch_size: int = EngineOptions.max_batch_size,
         max_context_length: int | None = None,
         max_rows_per_session: int | None = None,
+        seed: int | None = None,
     ) -> None:
+        """``seed``: a request without its own seed gets one made from this, its session and its prompt
+        (never from arrival order), so a seeded run samples the same tokens whatever the concurrency."""
         if (model_path is None) == (model is None):
             raise ValueError("pass exactly one of model_path or model")
         if max_batch_size < 1:
@@ -132,6 +137,7 @@ class LocalEngine(StreamingEngineMixin):
         self._max_rows_per_session = max_rows_per_session or max(1, max_batch_size // 2)
         self._version = 0
         self._seed_rng = random.Random()
+        self._run_seed = seed
 
         # Shared between the event loop and the worker, guarded by _cv.
         self._cv = threading.Condition()
@@ -194,6 +200,14 @@ class LocalEngine(StreamingEngineMixin):
             self._thread = threading.Thread(target=self._worker, name="rlgate-local-engine", daemon=True)
             self._thread.start()
 
+    def _default_seed(self, request: GenerateRequest) -> int:
+        if self._run_seed is None:
+            return self._seed_rng.getrandbits(63)
+        h = hashlib.blake2b(digest_size=8, key=str(self._run_seed).encode())
+        h.update((request.session_id or "").encode() + b"\0")
+        h.update(array.array("q", request.input_ids).tobytes())
+        return int.from_bytes(h.digest(), "little") >> 1
+
     async def close(self) -> None:
         with self._cv:
             thread = self._thread
@@ -212,7 +226,7 @@ class LocalEngine(StreamingEngineMixin):
         self._validate(request)
         await self.start()
         sampling = request.sampling
-        seed = sampling.seed if sampling.seed is not None else self._seed_rng.getrandbits(63)
+        seed = sampling.seed if sampling.seed is not None else self._default_seed(request)
         req = RequestState(
             input_ids=list(request.input_ids),
             sampling=sampling,

@@ -1,0 +1,100 @@
+"""The policy as the trainer holds it (``train:`` in the config): dtype, gradient checkpointing, LoRA.
+
+* ``train.dtype`` — ``float32`` (default) or ``bfloat16``: the weights, gradients and AdamW state in
+  that dtype (bfloat16 has no float32 master copy: half the memory, coarser updates).
+* ``train.gradient_checkpointing`` — activations are recomputed in the backward pass.
+* ``train.lora`` — LoRA adapters through PEFT: only the adapters have gradients and optimiser
+  state. The serving engine gets **merged** weights (``W + (alpha / r) · B @ A`` per adapted layer,
+  computed out of place: the trained base weights are never touched), so every engine serves a
+  LoRA run unchanged; checkpoints hold the adapter (``adapter_model.safetensors``), and a resumed
+  run loads the base model and that adapter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlgate.rollout.errors import RunError
+from rlgate.train.config import ConfigError, TrainConfig
+
+
+def check_lora(cfg: TrainConfig) -> None:
+    """ConfigError if ``train.lora`` is set but peft is not installed."""
+    import importlib.util
+
+    if cfg.train.lora is not None and importlib.util.find_spec("peft") is None:
+        raise ConfigError("train.lora is set but the peft package is not installed (pip install peft, "
+                          "or pip install 'rlgate[train]'; or remove train.lora)")
+
+
+def is_adapter(path: Path) -> bool:
+    return (path / "adapter_config.json").is_file()
+
+
+def load_policy(cfg: TrainConfig, base: Path, checkpoint: Path | None = None) -> Any:
+    """The model to train: ``checkpoint`` (a resumed run; with LoRA: ``base`` + its adapter) else ``base``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32
+    lora = cfg.train.lora
+    source = checkpoint if checkpoint is not None and lora is None else base
+    if checkpoint is not None and (lora is None) == is_adapter(checkpoint):
+        raise RunError(f"resume: {checkpoint} holds {'a LoRA adapter' if is_adapter(checkpoint) else 'full weights'}"
+                       f" but train.lora is {'unset' if lora is None else 'set'}: match the run's setting, or "
+                       "start a new out_dir")
+    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    if lora is not None:
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        if checkpoint is not None:
+            model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True)
+        else:
+            model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                     target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    if cfg.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def _is_peft(model: Any) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def serving_state_dict(model: Any) -> dict[str, Any]:
+    """The weights an engine serves: the model's own, or for a LoRA model the base model's keys with
+    each adapted weight merged (out of place)."""
+    import torch
+
+    if not _is_peft(model):
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    adapter = model.active_adapter if isinstance(model.active_adapter, str) else model.active_adapter[0]
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        layers: list[tuple[str, Any]] = [(name, m) for name, m in base.named_modules()
+                                         if isinstance(m, LoraLayer) and adapter in m.lora_A]
+        deltas = {name: m.get_delta_weight(adapter) for name, m in layers}
+        for key, value in base.state_dict().items():
+            if ".lora_" in key:
+                continue
+            if ".base_layer." in key:
+                layer, _, leaf = key.partition(".base_layer.")
+                if leaf == "weight" and layer in deltas:
+                    value = value + deltas[layer].to(value.dtype)
+                key = f"{layer}.{leaf}"
+            out[key] = value.detach()
+    return out
+
+
+def save_for_serving(model: Any, path: Path) -> None:
+    """A checkpoint directory any engine loads (``save_pretrained``; LoRA: the merged weights)."""
+    if not _is_peft(model):
+        model.save_pretrained(path, safe_serialization=True)
+        return
+    base = model.get_base_model()
+    base.save_pretrained(path, state_dict={k: v.contiguous() for k, v in serving_state_dict(model).items()},
+                         safe_serialization=True)

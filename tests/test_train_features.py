@@ -1,0 +1,110 @@
+"""Issue 27's training features: LR schedule, LoRA (PEFT), precision, seeded sampling, tracker contents."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def test_lr_schedules_warm_up_then_decay_to_zero_at_the_last_step():
+    from rlgate.train.config import GRPOConfig
+    from rlgate.train.grpo import GRPOTrainer
+
+    def factors(schedule, warmup, total=6):
+        t = GRPOTrainer(torch.nn.Linear(2, 2), GRPOConfig(lr_schedule=schedule, warmup_steps=warmup, device="cpu"),
+                        total_steps=total)
+        return [round(t.lr_factor(k), 4) for k in range(total)]
+
+    assert factors("constant", 0) == [1.0] * 6
+    assert factors("constant", 2) == [0.3333, 0.6667, 1, 1, 1, 1]
+    assert factors("linear", 2) == [0.3333, 0.6667, 1, 0.75, 0.5, 0.25]
+    assert factors("cosine", 0) == [1.0, 0.9330, 0.75, 0.5, 0.25, 0.067]
+    # a resumed trainer continues the schedule where the run was
+    from rlgate.train.config import GRPOConfig as C
+
+    t = GRPOTrainer(torch.nn.Linear(2, 2), C(lr_schedule="linear", device="cpu"), total_steps=4, steps_done=2)
+    assert t.lr_factor(t.steps_done) == 0.5
+
+
+def test_lora_serving_weights_are_the_merged_model(tiny_model_dir, tmp_path):
+    """What the engine gets from a LoRA policy equals PEFT's own merge, under the base model's keys."""
+    pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    from rlgate.train.config import TrainConfig
+    from rlgate.train.policy import load_policy, save_for_serving, serving_state_dict
+
+    cfg = TrainConfig.model_validate({"model": str(tiny_model_dir), "dataset": "x.jsonl", "agent": "a:b",
+                                      "train": {"lora": {"r": 4, "alpha": 8}}})
+    model = load_policy(cfg, tiny_model_dir)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    assert 0 < trainable < total / 10
+    with torch.no_grad():  # as after some training: B != 0
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    served = serving_state_dict(model)
+    base_keys = set(AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict())
+    assert set(served) == base_keys
+    merged = model.merge_and_unload().state_dict()  # PEFT's merge (in place: last)
+    assert max(float((served[k] - merged[k]).abs().max()) for k in base_keys) < 1e-5
+    save_for_serving(model, tmp_path / "served")  # loads as a plain checkpoint
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "served").state_dict()
+    assert max(float((again[k] - merged[k]).abs().max()) for k in base_keys) < 1e-5
+
+
+@pytest.fixture
+def work(tmp_path, tiny_model_dir):
+    from train_helpers import write_workdir
+
+    return write_workdir(tmp_path, tiny_model_dir)
+
+
+def _samples(path):
+    from rlgate.trajectory.export import read_samples
+
+    return sorted((s.session_id, tuple(s.input_ids), tuple(round(x, 4) for x in s.logprobs))
+                  for f in sorted(path.glob("step-*.parquet")) for s in read_samples(f))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_a_lora_run_with_a_schedule_seeded_sampling_and_the_trackers(work):
+    pytest.importorskip("peft")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from train_helpers import base_config, rlgate
+
+    cfg = base_config(steps=2, grpo={"lr": 1e-3, "lr_schedule": "linear", "warmup_steps": 1},
+                      rollout={"seed": 11, "concurrency": 8}, train={"lora": {"r": 4, "alpha": 8}},
+                      tracking={"trajectories": True})
+    for out in ("run1", "run2"):
+        r = rlgate(work, "train", "--config", "cfg.yaml", "--set", f"out_dir={out}", config=cfg)
+        assert r.code == 0, r.text
+    # seeded: the second run sampled exactly what the first did (tokens and logprobs), concurrency 8
+    assert _samples(work / "run1" / "trajectories") == _samples(work / "run2" / "trajectories")
+    run = work / "run1"
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["lr"] for m in metrics] == [5e-4, 1e-3]  # warmup, then the linear decay's first value
+    for m in metrics:
+        assert m["entropy"] > 0 and 0 < m["completion_len_mean"] <= m["completion_len_max"]
+        assert "clip_fraction" in m and "approx_kl" in m
+        assert m["behav_logprob_abs_err"] < 1e-3  # the engine serves the merged adapter
+    ckpt = run / "checkpoints" / "step-000002"
+    assert (ckpt / "adapter_model.safetensors").is_file() and not (ckpt / "model.safetensors").exists()
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    assert {"train/lr", "train/entropy", "train/completion_len_mean"} <= set(acc.Tags()["scalars"])
+    texts = acc.Tags()["tensors"]
+    assert any("samples" in t for t in texts) and any("config" in t for t in texts), texts
+    # resume: the base model + the adapter, the schedule continues
+    r = rlgate(work, "train", "--config", "cfg.yaml", "--set", "out_dir=run1", "--set", "steps=3", config=cfg)
+    assert r.code == 0, r.text
+    assert "resuming from run1/checkpoints/step-000002 (step 2)" in r.out
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["version"] for m in metrics] == [1.0, 2.0, 3.0] and metrics[-1]["lr"] == pytest.approx(1e-3 / 2)
+    assert metrics[-1]["behav_logprob_abs_err"] < 1e-3
