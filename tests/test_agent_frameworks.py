@@ -394,3 +394,45 @@ async def test_claude_agent_sdk_defaults(make_app, tokenizer, tmp_path):
     assert not result["is_error"] and result["result"] == "Listed.", (result, err.decode()[-2000:])
     assert [c["name"] for c in script.calls] == ["Bash"]
     assert _stats(exp) == (2, 0, 1), exp["stats"]
+
+
+# --------------------------------------------------------------------------- opencode (npm)
+
+OPENCODE_PREFIX = Path.home() / ".cache" / "rlgate-npm-opencode"
+
+
+async def test_opencode_defaults(make_app, tokenizer, tmp_path):
+    """opencode 1.18 (npm opencode-ai; skipped when absent) with an OpenAI-compatible provider pointed at the
+    gateway: its bash tool round is one chain; its title request is a conversation of its own."""
+    import asyncio
+
+    from rlgate.engine.fake import ToolRoundScript
+
+    exe = OPENCODE_PREFIX / "node_modules" / "opencode-linux-x64" / "bin" / "opencode"
+    if not exe.is_file():
+        pytest.skip(f"opencode is not installed under {OPENCODE_PREFIX} (npm install --prefix it opencode-ai)")
+    script = ToolRoundScript(tokenizer, prefer=("bash",), text="ls", answer="Listed.")
+    engine = FakeEngine(tokenizer, script=script, max_context_length=400_000)
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    (work / "notes.txt").write_text("hi\n")
+    async with gateway(make_app(engine)) as (url, admin, sid, key):
+        (work / "opencode.json").write_text(json.dumps({
+            "provider": {"rlgate": {"npm": "@ai-sdk/openai-compatible", "name": "rlgate",
+                                    "options": {"baseURL": url + "/v1", "apiKey": key},
+                                    "models": {"tiny": {"name": "tiny"}}}},
+            "model": "rlgate/tiny"}))
+        proc = await asyncio.create_subprocess_exec(
+            str(exe), "run", "List the files here.", cwd=work, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin", "HOME": str(home),
+                                                 "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1"})
+        out, err = await asyncio.wait_for(proc.communicate(), 300)
+        exp = await export(admin, sid, key)
+    if proc.returncode != 0 and not script.calls:
+        pytest.skip(f"opencode could not start here (it fetches its provider package from npm): {err.decode()[-500:]}")
+    assert "Listed." in out.decode(), (out.decode()[-2000:], err.decode()[-2000:])
+    assert [c["name"] for c in script.calls] == ["bash"]
+    chains = [i for i in exp["interactions"] if len(i["chain"]) > 1]
+    assert len(chains) == 1 and len(chains[0]["chain"]) == 2, exp["stats"]
+    assert exp["stats"]["conversations"] == len(exp["interactions"]), exp["stats"]  # + its side request(s)
