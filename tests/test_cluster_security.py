@@ -296,11 +296,11 @@ PREPARE_JOIN = textwrap.dedent("""
     from rlgate.cluster.ray_security import prepare_join
     address, token_file, allow = sys.argv[1], sys.argv[2] or None, sys.argv[3] == "1"
     try:
-        prepare_join(address, token_file=token_file, allow_unauthenticated=allow)
+        joined = prepare_join(address, token_file=token_file, allow_unauthenticated=allow)
     except SystemExit as exc:
         print("EXIT", exc)
     else:
-        print("READY")
+        print("READY", joined)
 """)
 
 
@@ -323,7 +323,7 @@ def test_joining_needs_the_clusters_token(served, tmp_path):
     assert r.stdout.strip() == f"EXIT rlgate: the Ray cluster at {served.gcs} refused the token from {wrong} " \
                                "(not this cluster's token)", r.stdout + r.stderr
     r = prepare_join_in(env, served.gcs, str(served.token_file))
-    assert r.stdout.strip() == "READY", r.stdout + r.stderr
+    assert r.stdout.strip() == f"READY {served.gcs}", r.stdout + r.stderr
     assert served.token_file.read_text() not in r.stdout + r.stderr
 
 
@@ -376,7 +376,7 @@ def test_rlgate_serve_refuses_to_join_a_cluster_without_authentication(unauthent
 @pytest.mark.slow
 def test_the_opt_out_joins_with_a_loud_warning(unauthenticated_cluster, tmp_path):
     r = prepare_join_in(clean_env(tmp_path), unauthenticated_cluster, allow=True)
-    assert r.stdout.strip() == "READY", r.stdout + r.stderr
+    assert r.stdout.strip() == f"READY {unauthenticated_cluster}", r.stdout + r.stderr
     assert f"WARNING: joining the Ray cluster at {unauthenticated_cluster}, which runs WITHOUT authentication" \
         in r.stderr
 

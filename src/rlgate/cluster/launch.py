@@ -71,9 +71,9 @@ def init_ray(config: ClusterConfig, *, log_to_driver: bool = False) -> None:
     if ray.is_initialized():
         return
     if config.ray_address:
-        prepare_join(config.ray_address, token_file=config.ray_token_file,
-                     allow_unauthenticated=config.ray_allow_unauthenticated)
-        ray.init(address=config.ray_address, namespace=config.namespace, log_to_driver=log_to_driver)
+        address = prepare_join(config.ray_address, token_file=config.ray_token_file,
+                               allow_unauthenticated=config.ray_allow_unauthenticated)
+        ray.init(address=address, namespace=config.namespace, log_to_driver=log_to_driver)
         return
     token_file = prepare_local(config.ray_token_file)
     log.info("local Ray cluster: token authentication (token file %s, mode 0600), every port on 127.0.0.1",

@@ -236,17 +236,18 @@ def _is_loopback(host: str) -> bool:
 
 
 def prepare_join(address: str, *, token_file: str | os.PathLike[str] | None = None,
-                 allow_unauthenticated: bool = False) -> None:
+                 allow_unauthenticated: bool = False) -> str:
     """Before ``ray.init(address=...)``: SystemExit (one line) unless the cluster requires a token and
     this process has the right one, or the operator accepted an unauthenticated cluster
-    (``allow_unauthenticated``: a warning then). ConnectionError if its GCS does not answer."""
+    (``allow_unauthenticated``: a warning then). ConnectionError if its GCS does not answer.
+    Returns the address to give ``ray.init``: the GCS that was checked (``auto`` resolved)."""
     _require_token_auth()
     if address.startswith("ray://"):
         if not allow_unauthenticated:
             raise SystemExit(f"rlgate: cannot check that the Ray Client address {address} requires authentication; "
                              f"give the cluster's GCS address (HOST:6379) instead, or accept the risk with {OPT_OUT}")
         _warn_unauthenticated(address)
-        return
+        return address
     target = gcs_target(address)
     first = probe(target)
     if first.status == "unreachable":
@@ -284,6 +285,7 @@ def prepare_join(address: str, *, token_file: str | os.PathLike[str] | None = No
         _set_auth_env("token", path)
     if answer.node_ips and all(_is_loopback(ip) for ip in answer.node_ips):
         _bind_loopback()  # a single-machine cluster on loopback (one rlgate started): keep 127.0.0.1
+    return target
 
 
 def _check_token_file(path: Path) -> None:
