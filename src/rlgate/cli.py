@@ -389,6 +389,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from rlgate.demo.scripted import run_scripted_demo
 
         return run_scripted_demo(Path(args.out), seed=args.seed)
+    if args.model != "tiny":
+        if args.task != "math" or args.metrics_port is not None or args.pushgateway or \
+                args.gateway_metrics_port is not None:
+            raise SystemExit("rlgate demo: --task tools and the metrics flags run on the tiny model (--model tiny)")
+        from rlgate.demo.real import run_real_demo
+
+        return run_real_demo(Path(args.out), model=args.model, seed=args.seed, steps=args.steps, port=args.port)
     from rlgate.demo.rl import run_demo
 
     return run_demo(Path(args.out), task=args.task, seed=args.seed, steps=args.steps, port=args.port,
@@ -480,6 +487,10 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("demo", help="run the offline RL demo (GRPO through the gateway, on CPU)", formatter_class=fmt)
     p.add_argument("--out", default="demo-out", help="output directory (caches the model and warm start)")
+    p.add_argument("--model", default="smollm2-135m-instruct",
+                   help="the policy: a real model (`rlgate models list`, a .gguf file or a checkpoint directory; "
+                   "fetched with `rlgate models fetch NAME` first), or 'tiny' (the random-weight model the tests "
+                   "use, with a supervised warm start)")
     p.add_argument("--task", choices=["math", "tools"], default="math")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the task's tuned value)")

@@ -2,7 +2,8 @@
 
 ``MathAgent`` uses the Anthropic SDK (``/v1/messages``), ``OpenAIMathAgent`` the OpenAI
 SDK (chat completions). Both send exactly one user message — the question, no system
-prompt — and return reward 1.0 when the last number in the reply equals the answer::
+prompt — and return reward 1.0 when the last number in the reply equals the answer (an item
+with ``"format": "number"`` asks for the number alone: :func:`number_only_reward`)::
 
     reward = await MathAgent().run(
         {"question": "What is 2 + 3?", "answer": "5"},
@@ -51,6 +52,29 @@ def math_reward(reply: str, answer: str | int | float) -> float:
     return 1.0 if math.isclose(got, want, rel_tol=0.0, abs_tol=1e-6) else 0.0
 
 
+def number_only_reward(reply: str, answer: str | int | float) -> float:
+    """The answer *and* the format "answer with the number only": 1.0 if the reply is just the
+    right number (whitespace and a final period aside); 0.5 if it is right but wordy (its first
+    number is the answer: "The answer is 87."); else 0.0. Without the format term a model learns
+    the skill and keeps the prose ("The 87-year-old ..." scored 1 under ``math_reward``)."""
+    want = _answer_value(answer)
+    text = (reply or "").strip().rstrip(".").strip()
+    if want is None:
+        return 0.0
+    exact = _NUMBER.fullmatch(text)
+    if exact is not None and math.isclose(float(text.replace(",", "")), want, rel_tol=0.0, abs_tol=1e-6):
+        return 1.0
+    found = _NUMBER.findall(text)
+    if found and math.isclose(float(found[0].replace(",", "")), want, rel_tol=0.0, abs_tol=1e-6):
+        return 0.5
+    return 0.0
+
+
+def reward_for(data: dict[str, Any]) -> Any:
+    """The reward an item asks for: ``data["format"] == "number"`` -> :func:`number_only_reward`."""
+    return number_only_reward if data.get("format") == "number" else math_reward
+
+
 class _Agent:
     def __init__(self, model: str = "rlgate", max_tokens: int = 32, temperature: float = 1.0) -> None:
         self.model = model
@@ -84,7 +108,7 @@ class MathAgent(_Agent):
             if http_client is None:
                 await client.close()
         text = "".join(block.text for block in reply.content if block.type == "text")
-        return math_reward(text, data["answer"])
+        return reward_for(data)(text, data["answer"])
 
 
 class OpenAIMathAgent(_Agent):
@@ -105,4 +129,4 @@ class OpenAIMathAgent(_Agent):
         finally:
             if http_client is None:
                 await client.close()
-        return math_reward(reply.choices[0].message.content or "", data["answer"])
+        return reward_for(data)(reply.choices[0].message.content or "", data["answer"])

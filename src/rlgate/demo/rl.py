@@ -152,6 +152,7 @@ class DemoHooks(Hooks):
         self.progress: Any = None
         self.bar: Any = None
         self.last_acc = 0.0
+        self.model_label = "tiny model"  # the plot's title
 
     async def accuracy(self, run: TrainRun, temperature: float = 1.0, samples: int | None = None) -> float:
         """Fraction of held-out questions answered right by the policy (mean over samples)."""
@@ -209,7 +210,7 @@ class DemoHooks(Hooks):
                 shutil.copy(self.model_dir / name, final / name)
         write_parquet(self.samples, run.out / "trajectories.parquet")
         plot_reward_curve(run.out / "reward_curve.png", run.state.history, self.evals,
-                          title=f"rlgate demo — task '{self.task}', tiny model on CPU",
+                          title=f"rlgate demo — task '{self.task}', {self.model_label} on CPU",
                           eval_label="held-out accuracy (T=1)", unit_range=True)
 
 
