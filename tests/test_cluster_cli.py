@@ -30,7 +30,8 @@ def test_serve_replicas_from_the_command_line(tiny_model_dir, tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, timeout=240)
-        health = httpx.get(url + "/health").json()
+        assert httpx.get(url + "/health").json() == {"status": "ok"}  # anonymous: the status only
+        health = httpx.get(url + "/health", headers=admin_headers()).json()
         assert health["total"] == 2 and health["status"] == "ok"
         assert all(r["pid"] > 0 and r["state"] == "healthy" for r in health["replicas"])
         replicas = set()

@@ -65,7 +65,8 @@ def test_every_import_of_the_package_is_declared_and_every_declaration_used():
     assert not undeclared, f"imported by rlgate.testing but not declared: {undeclared}"
     used = set().union(*imported.values(), *for_tests.values())
     used_by_others = {"jinja2",  # renders chat templates inside transformers, which does not require it
-                      "uvloop", "httptools"}  # uvicorn's event loop and HTTP parser (gateway and router)
+                      "uvloop", "httptools",  # uvicorn's event loop and HTTP parser (gateway and router)
+                      "gguf", "accelerate"}  # transformers loads GGUF files with them (rlgate/checkpoints)
     assert runtime - used - used_by_others == set(), "declared but never imported"
 
 
