@@ -34,10 +34,12 @@ collect_ignore = list(TORCH_FILES) if WITHOUT_TORCH else []
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark ``torch`` what needs it: the tests that take the tiny model and those in TORCH_FILES;
-    without torch (make test-core) they are skipped."""
+    """Mark ``torch`` what needs it: the tests that take the tiny model, those in TORCH_FILES and those of a
+    module that imports torch (``torch = pytest.importorskip("torch")``); without torch they are skipped."""
     for item in items:
-        if "tiny_model_dir" in getattr(item, "fixturenames", ()) or item.path.name in TORCH_FILES:
+        module_torch = getattr(getattr(item, "module", None), "torch", None)
+        if ("tiny_model_dir" in getattr(item, "fixturenames", ()) or item.path.name in TORCH_FILES
+                or getattr(module_torch, "__name__", None) == "torch"):
             item.add_marker(pytest.mark.torch)
         if WITHOUT_TORCH and item.get_closest_marker("torch"):
             item.add_marker(pytest.mark.skip(reason="needs torch (make test-core runs without it)"))

@@ -10,7 +10,8 @@ from openai.types.responses import Response
 
 from helpers import key_headers, start_session
 from rlgate.engine.fake import FakeEngine
-from test_api_responses import STREAM_EVENT, check_stream, create, export, parse_sse
+from test_api_responses import STREAM_EVENT, check_stream, create, export
+from wire import sse_events
 
 NAMESPACE = {"type": "namespace", "name": "agents", "description": "Sub-agents.", "tools": [
     {"type": "function", "name": "spawn", "description": "Start a sub-agent.", "strict": False,
@@ -85,7 +86,7 @@ async def test_custom_tool_call_round_trip(make_app, asgi_client, tokenizer, str
         if stream:
             r = await c.post("/v1/responses", headers=key_headers(key),
                              json={"input": conversation, "tools": [CUSTOM], "stream": True})
-            events = parse_sse(r.text)
+            events = sse_events(r.text)
             first = check_stream(events)
             names = [n for n, _ in events]
             assert "response.custom_tool_call_input.delta" in names and "response.custom_tool_call_input.done" in names
@@ -142,7 +143,7 @@ async def test_context_length_error_as_openai_clients_read_it(make_app, asgi_cli
         exp = await export(c, sid, key)
     if stream:
         assert r.status_code == 200
-        events = parse_sse(r.text)
+        events = sse_events(r.text)
         assert [n for n, _ in events] == ["response.created", "response.in_progress", "error", "response.failed"]
         failed = events[-1][1]["response"]
         assert failed["status"] == "failed" and failed["error"]["code"] == "context_length_exceeded"

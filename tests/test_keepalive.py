@@ -11,7 +11,8 @@ import pytest
 from helpers import key_headers, start_session
 from rlgate.api.keepalive import KEEPALIVE, with_keepalive
 from rlgate.engine.fake import FakeEngine
-from test_api_responses import check_stream, parse_sse
+from test_api_responses import check_stream
+from wire import sse_events
 
 PREFILL = 0.6  # seconds before the first token
 INTERVAL = 0.05  # keep-alive interval; several fit in the prefill even on a loaded machine
@@ -85,7 +86,7 @@ async def test_responses_stream_repeats_in_progress_during_prefill(make_app, asg
         sid, key = await start_session(c)
         r = await c.post("/v1/responses", headers=key_headers(key), json={"input": "hi", "stream": True})
         recorded = await _records(c, sid, key)
-    events = parse_sse(r.text)
+    events = sse_events(r.text)
     final = check_stream(events)  # every event parses as the SDK's type; sequence numbers in order
     names = [n for n, _ in events]
     assert names.count("response.in_progress") >= 3
