@@ -57,3 +57,57 @@ def test_template_renders_all_roles_and_tools(tokenizer):
     assert text.endswith("<|im_start|>assistant\n3<|im_end|>\n")
     gen = tokenizer.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
     assert gen == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n1+2?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_the_tokenizer_directory_is_the_model_directory_without_weights(tiny_model_dir, tiny_tokenizer_dir):
+    """What the tokenizer-only fixture serves from is what the model directory holds, less the weights."""
+    import json
+
+    with_weights, without = _digest(tiny_model_dir), _digest(tiny_tokenizer_dir)
+    assert set(with_weights) - set(without) == {"model.safetensors"}
+    for name in set(without) - {"config.json", "generation_config.json"}:  # tokenizer files: byte for byte
+        assert without[name] == with_weights[name], name
+    for name in ("config.json", "generation_config.json"):  # every field written has the model's value
+        full, short = (json.loads((d / name).read_text()) for d in (tiny_model_dir, tiny_tokenizer_dir))
+        assert {k: full.get(k) for k in short} == short, name
+
+
+def test_a_gateway_on_the_tokenizer_directory_imports_no_torch(tmp_path):
+    """The fixtures most tests use (tokenizer directory, tokenizer, fake engine, app) run without torch:
+    here in a process where torch cannot be imported, as make test-core runs every such test."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = f"""
+import asyncio, sys, httpx
+from transformers import PreTrainedTokenizerFast
+from rlgate.config import GatewayConfig
+from rlgate.demo.tiny import build_tiny_tokenizer
+from rlgate.engine.fake import FakeEngine
+from rlgate.model import stop_token_ids
+from rlgate.server.app import create_app
+from rlgate.store.base import MemoryStore
+
+d = build_tiny_tokenizer({str(tmp_path / "tok")!r})
+tok = PreTrainedTokenizerFast.from_pretrained(d)
+app = create_app(GatewayConfig(admin_key="k" * 40), FakeEngine(tok), MemoryStore(), tok,
+                 stop_token_ids=stop_token_ids(tok, d))
+
+async def main():
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as c:
+        r = await c.post("/rl/start_session", json={{"task_id": "t"}}, headers={{"Authorization": "Bearer " + "k" * 40}})
+        key = r.json()["api_key"]
+        r = await c.post("/v1/chat/completions", json={{"messages": [{{"role": "user", "content": "hi"}}]}},
+                         headers={{"Authorization": "Bearer " + key}})
+        return r.status_code
+
+print(asyncio.run(main()), "torch" in sys.modules)
+"""
+    no_torch = Path(__file__).parent / "no_torch"
+    env = {**os.environ, "RLGATE_TESTS_NO_TORCH": "1", "PYTHONPATH": os.pathsep.join(
+        [str(no_torch), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["200", "False"]
