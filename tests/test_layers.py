@@ -36,6 +36,7 @@ RANKS: dict[str, int] = {
     "cluster": 11,
     "rollout": 12,
     "agents": 13,
+    "rewards": 13,
     "train": 14,
     "demo": 15,
     "cli": 16,
