@@ -176,7 +176,9 @@ async def test_tiny_model_serves_the_real_clis(clis, make_app, brief_model_dir, 
     from rlgate.engine.local import LocalEngine
 
     engine = LocalEngine(brief_model_dir, device="cpu", max_context_length=16_384)  # 8x its trained length
-    app = make_app(engine)
+    # Codex sends no token limit: the operator's default keeps the 3M model's ramble short (without it a
+    # reply may take the rest of the context, as the OpenAI API allows)
+    app = make_app(engine, default_max_tokens=512)
     if kind == "claude_code":
         agent = ClaudeCodeAgent(verifier=_one, setup=_setup, time_limit=900,
                                 extra_args=["--system-prompt", SHORT_PROMPT, "--tools", "Bash"])
