@@ -72,7 +72,7 @@ async def test_smolagents_tool_calling_agent_is_one_conversation(make_app, token
     import asyncio
 
     engine = FakeEngine(tokenizer, script=Turns([
-        call_text("add", {"a": 1, "b": 2}), call_text("add", {"a": 3, "b": 4}),
+        "I will add.\n" + call_text("add", {"a": 1, "b": 2}), call_text("add", {"a": 3, "b": 4}),
         call_text("final_answer", {"answer": "3 and 7"})]), max_context_length=65536)
     async with gateway(make_app(engine)) as (url, admin, sid, key):
 
@@ -103,7 +103,8 @@ async def test_smolagents_tool_calling_agent_is_one_conversation(make_app, token
     assert all(ids[: len(r.input_ids)] == r.input_ids for r in engine.requests)
     ends = [k for k in range(1, len(mask)) if mask[k - 1] and not mask[k]]
     assert all("Observation:" in tokenizer.decode(ids[e:r]) for e, r in zip(ends, runs[1:], strict=True))
-    assert sample["messages"][2]["content"].startswith("Calling tools:\n[{'id': 'call_")  # recorded as sent
+    # recorded as sent: the reply's text and its calls as one assistant text
+    assert sample["messages"][2]["content"].startswith("I will add.\nCalling tools:\n[{'id': 'call_")
 
 
 # --------------------------------------------------------------------------- mini-swe-agent
