@@ -108,3 +108,10 @@ def test_a_lora_run_with_a_schedule_seeded_sampling_and_the_trackers(work):
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["version"] for m in metrics] == [1.0, 2.0, 3.0] and metrics[-1]["lr"] == pytest.approx(1e-3 / 2)
     assert metrics[-1]["behav_logprob_abs_err"] < 1e-3
+    # rlgate eval serves the base with the latest adapter merged in
+    r = rlgate(work, "eval", "--config", "cfg.yaml", "--set", "out_dir=run1", "--dataset", "train.jsonl",
+               "--limit", "2", config=cfg)
+    assert r.code == 0, r.text
+    assert "is a LoRA adapter: serving" in r.out
+    report = json.loads((run / "eval-step-000003.json").read_text())
+    assert report["episodes"] == 2 and report["checkpoint"].endswith("step-000003")

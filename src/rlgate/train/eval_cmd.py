@@ -49,11 +49,19 @@ async def run_eval(cfg: TrainConfig, *, checkpoint: str | None = None, dataset: 
     items = load_dataset(source, "--dataset" if dataset else "eval_dataset")
     spi = samples_per_item or cfg.eval_samples_per_item
     temp = cfg.eval_temperature if temperature is None else temperature
-    gw = await open_gateway(cfg, weights, prep.model)
+    served = weights
+    from rlgate.train.policy import is_adapter
+
+    if is_adapter(weights):  # a LoRA checkpoint: serve the base with the adapter merged in
+        from rlgate.train.policy import merge_adapter
+
+        served = await asyncio.to_thread(merge_adapter, prep.model, weights, Path(cfg.out_dir) / f"merged-{weights.name}")
+        print_fn(f"{weights} is a LoRA adapter: serving {prep.model} with it merged ({served})")
+    gw = await open_gateway(cfg, served, prep.model)
     runner = make_runner(cfg, gw.client, prep.agent, prep.reward_fn)
     try:
-        if gw.remote and weights != prep.model:
-            version = await gw.client.update_weights(str(weights.resolve()))
+        if gw.remote and served != prep.model:
+            version = await gw.client.update_weights(str(served.resolve()))
             print_fn(f"remote gateway now serves {weights} (version {version})")
         print_fn(f"evaluating {weights} on {source.path}: {len(items)} items x {spi} sample(s) at T={temp:g}")
         t0 = time.perf_counter()

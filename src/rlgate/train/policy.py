@@ -98,3 +98,34 @@ def save_for_serving(model: Any, path: Path) -> None:
     base = model.get_base_model()
     base.save_pretrained(path, state_dict={k: v.contiguous() for k, v in serving_state_dict(model).items()},
                          safe_serialization=True)
+
+
+def merge_adapter(base: Path, adapter: Path, out: Path) -> Path:
+    """A full checkpoint directory (weights merged, tokenizer files of ``adapter``) from a LoRA
+    checkpoint: what ``rlgate eval`` serves for one, and what ``rlgate serve --model`` takes::
+
+        python -c "from pathlib import Path; from rlgate.train.policy import merge_adapter; \\
+                   merge_adapter(Path('BASE'), Path('runs/x/checkpoints/step-000100'), Path('merged'))"
+    """
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise ConfigError(f"{adapter} is a LoRA adapter; loading it needs peft (pip install peft)") from None
+
+    from rlgate.train.checkpoint import TOKENIZER_FILES
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_for_serving(model, tmp)
+    for name in TOKENIZER_FILES:
+        for src in (adapter / name, base / name):
+            if src.is_file() and not (tmp / name).exists():
+                shutil.copy(src, tmp / name)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
