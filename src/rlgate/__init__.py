@@ -37,6 +37,7 @@ Public modules (``PUBLIC_MODULES``): beyond the names above, the docs teach thes
     rlgate.demo.math_agent         the demo's SDK agents, as examples
     rlgate.demo.calculator_agent   the demo's tool-calling agent
     rlgate.demo.agents             the demo's agent for ``rlgate train``
+    rlgate.rewards                 built-in reward functions: Judge (an LLM judge)
 
 Names are imported on first use, so ``import rlgate`` stays light (no torch, no FastAPI).
 """
@@ -60,6 +61,7 @@ PUBLIC_MODULES = (
     "rlgate.demo.math_agent",
     "rlgate.demo.calculator_agent",
     "rlgate.demo.agents",
+    "rlgate.rewards",
 )
 
 _WHERE = {
