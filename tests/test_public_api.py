@@ -52,7 +52,8 @@ def test_every_public_module_is_reexported():
                                              "TrackingSettings", "RaySettings", "TrainerSettings", "MetricsSettings",
                                              "ModelSettings", "LoraSettings",
                                              "RunError"}),
-                      (rlgate.train.run, {"Prepared", "Outcome", "Terminated", "Trackers", "ConfigError", "TrainConfig", "RunError"})):
+                      (rlgate.train.run, {"Prepared", "Outcome", "Terminated", "Trackers", "ConfigError", "TrainConfig",
+                                          "RunError"})):
         public = {n for n, o in vars(mod).items() if inspect.isclass(o) and not n.startswith("_")
                   and o.__module__ == mod.__name__}
         assert public - skip <= set(rlgate.__all__), (mod.__name__, public - skip - set(rlgate.__all__))
