@@ -187,17 +187,26 @@ async def test_openai_agents_sdk_defaults_with_tracing_off(make_app, tokenizer):
 async def test_pydantic_ai_defaults(make_app, tokenizer):
     """pydantic-ai 2.68 (OpenAI Chat model, strict tools: reported, not enforced) and its Anthropic model."""
     pytest.importorskip("pydantic_ai", reason="pydantic-ai is not installed (pip install 'pydantic-ai-slim[openai,anthropic]')")
+    import httpx2
     from pydantic_ai import Agent
     from pydantic_ai.models.anthropic import AnthropicModel
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.anthropic import AnthropicProvider
     from pydantic_ai.providers.openai import OpenAIProvider
 
+    ignored: list[str | None] = []
+
+    async def note(response: Any) -> None:
+        ignored.append(response.headers.get("x-rlgate-ignored-params"))
+
     for kind in ("openai", "anthropic"):
         engine = FakeEngine(tokenizer, script=Turns([THINK_CALL, "It is 3."]))
+
         async with gateway(make_app(engine, reasoning_parser="think")) as (url, admin, sid, key):
-            if kind == "openai":
-                model: Any = OpenAIChatModel("tiny", provider=OpenAIProvider(base_url=url + "/v1", api_key=key))
+            if kind == "openai":  # its tools carry strict: true, which the gateway reports (not enforced)
+                client = httpx2.AsyncClient(event_hooks={"response": [note]})
+                model: Any = OpenAIChatModel("tiny", provider=OpenAIProvider(base_url=url + "/v1", api_key=key,
+                                                                             http_client=client))
             else:
                 model = AnthropicModel("tiny", provider=AnthropicProvider(base_url=url, api_key=key))
             agent = Agent(model, tools=[add])
@@ -205,6 +214,8 @@ async def test_pydantic_ai_defaults(make_app, tokenizer):
             exp = await export(admin, sid, key)
         assert result.output == "It is 3.", kind
         assert _stats(exp) == (2, 0, 1), kind
+        if kind == "openai":
+            assert ignored == ["tools.function.strict"] * 2
 
 
 @pytest.mark.parametrize("kind", ["chat", "responses", "anthropic"])
