@@ -115,3 +115,31 @@ def test_a_lora_run_with_a_schedule_seeded_sampling_and_the_trackers(work):
     assert "is a LoRA adapter: serving" in r.out
     report = json.loads((run / "eval-step-000003.json").read_text())
     assert report["episodes"] == 2 and report["checkpoint"].endswith("step-000003")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_training_step_in_bfloat16_and_with_gradient_checkpointing(tiny_model_dir, dtype):
+    """train.dtype holds the weights (and AdamW's state) in that dtype; gradient checkpointing runs the
+    step in training mode with every dropout off; the step's new metrics are there."""
+    from rlgate.train.config import GRPOConfig, TrainConfig
+    from rlgate.train.grpo import GRPOTrainer
+    from rlgate.train.policy import load_policy
+    from rlgate.trajectory.sample import Sample
+
+    cfg = TrainConfig.model_validate({"model": str(tiny_model_dir), "dataset": "x.jsonl", "agent": "a:b",
+                                      "train": {"dtype": dtype, "gradient_checkpointing": True}})
+    model = load_policy(cfg, tiny_model_dir)
+    assert model.dtype == getattr(torch, dtype) and model.is_gradient_checkpointing
+    trainer = GRPOTrainer(model, GRPOConfig(lr=1e-3, device="cpu", micro_batch_size=2))
+    assert trainer.model.training and not any(m.training for m in model.modules()
+                                              if isinstance(m, torch.nn.Dropout))
+    samples = [Sample(id=f"s{i}", input_ids=[5, 6, 7, 8 + i, 9], loss_mask=[0, 0, 1, 1, 1],
+                      logprobs=[0.0, 0.0, -3.0, -3.0, -3.0], versions=[-1, -1, 0, 0, 0], reward=float(i % 2))
+               for i in range(4)]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    metrics = trainer.step(samples, ["g", "g", "h", "h"], 0)
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+    assert metrics["entropy"] > 0 and metrics["completion_len_mean"] == 3.0 and metrics["lr"] == 1e-3
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # it learned
+    state = next(iter(trainer.optimizer.state.values()))
+    assert state["exp_avg"].dtype == getattr(torch, dtype)
