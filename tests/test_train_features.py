@@ -143,3 +143,58 @@ def test_a_training_step_in_bfloat16_and_with_gradient_checkpointing(tiny_model_
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # it learned
     state = next(iter(trainer.optimizer.state.values()))
     assert state["exp_avg"].dtype == getattr(torch, dtype)
+
+
+def test_wandb_and_mlflow_get_the_samples_table_and_the_config(tmp_path, monkeypatch):
+    """The trackers' calls, against stand-ins for the wandb and mlflow modules (neither is installed here)."""
+    import sys
+    import types
+
+    from rlgate.train.config import TrainConfig
+    from rlgate.train.tracking import Trackers
+    from rlgate.trajectory.sample import Sample
+
+    calls: list[tuple] = []
+
+    class Run:
+        def log(self, data, step=None):
+            calls.append(("wandb.log", data, step))
+
+        def finish(self):
+            calls.append(("wandb.finish",))
+
+    class Table:
+        def __init__(self, columns, data):
+            self.columns, self.data = columns, data
+
+    wandb = types.SimpleNamespace(init=lambda **kw: calls.append(("wandb.init", kw)) or Run(), Table=Table)
+    mlflow = types.SimpleNamespace(
+        set_tracking_uri=lambda uri: None, set_experiment=lambda name: None,
+        start_run=lambda run_name=None: calls.append(("mlflow.start_run", run_name)),
+        log_params=lambda params: calls.append(("mlflow.log_params", params)),
+        log_metrics=lambda metrics, step=None: calls.append(("mlflow.log_metrics", metrics, step)),
+        log_text=lambda text, path: calls.append(("mlflow.log_text", text, path)),
+        end_run=lambda: None)
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    monkeypatch.setitem(sys.modules, "mlflow", mlflow)
+    cfg = TrainConfig.model_validate({"model": "m", "dataset": "x.jsonl", "agent": "a:b", "out_dir": str(tmp_path),
+                                      "tracking": {"wandb": True, "mlflow": True, "tensorboard": False,
+                                                   "stdout": False}, "grpo": {"lr_schedule": "cosine"}})
+    trackers = Trackers(cfg, tmp_path, 10)
+    samples = [Sample(id=f"s{i}", input_ids=[1, 2], loss_mask=[0, 1], logprobs=[0.0, -0.1], versions=[-1, 0],
+                      reward=float(i), group_id="g0", episode=i,
+                      output_message={"role": "assistant", "content": f"answer {i} | with a pipe"}) for i in range(3)]
+    trackers.log(1, {"entropy": 2.5, "completion_len_mean": 1.0, "lr": 1e-5})
+    trackers.log_samples(1, samples)
+    trackers.close()
+    init = next(c for c in calls if c[0] == "wandb.init")
+    assert init[1]["config"]["grpo"]["lr_schedule"] == "cosine"  # the config, once
+    params = next(c for c in calls if c[0] == "mlflow.log_params")[1]
+    assert params["grpo.lr_schedule"] == "cosine"
+    logged = [c for c in calls if c[0] == "wandb.log"]
+    assert logged[0][1]["train/entropy"] == 2.5
+    table = logged[1][1]["samples"]
+    assert table.columns == ["group", "episode", "reward", "tokens", "completion"]
+    assert [row[2] for row in table.data] == [2.0, 0.0]  # the best and the worst episode of the group
+    text = next(c for c in calls if c[0] == "mlflow.log_text")
+    assert text[2] == "samples/step-000001.md" and "answer 2 \\| with a pipe" in text[1]
