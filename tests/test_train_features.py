@@ -129,7 +129,7 @@ def test_a_training_step_in_bfloat16_and_with_gradient_checkpointing(tiny_model_
     cfg = TrainConfig.model_validate({"model": str(tiny_model_dir), "dataset": "x.jsonl", "agent": "a:b",
                                       "train": {"dtype": dtype, "gradient_checkpointing": True}})
     model = load_policy(cfg, tiny_model_dir)
-    assert model.dtype == getattr(torch, dtype) and model.is_gradient_checkpointing
+    assert model.dtype == getattr(torch, dtype) and model.is_activation_checkpointing
     trainer = GRPOTrainer(model, GRPOConfig(lr=1e-3, device="cpu", micro_batch_size=2))
     assert trainer.model.training and not any(m.training for m in model.modules()
                                               if isinstance(m, torch.nn.Dropout))

@@ -132,7 +132,10 @@ def test_a_failing_remote_run_ends_with_its_message_and_exit_code(work):
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-def test_ctrl_c_stops_the_remote_run_and_it_saves_its_last_step(work):
+@pytest.mark.parametrize(("sig", "code", "said"), [(signal.SIGINT, 130, "interrupted"),
+                                                   (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+                         ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_the_remote_run_and_it_saves_its_last_step(work, sig, code, said):
     proc = _popen(work, _remote(steps=1000, checkpoint_every=500))
     metrics = work / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 2400
@@ -141,14 +144,14 @@ def test_ctrl_c_stops_the_remote_run_and_it_saves_its_last_step(work):
         assert time.monotonic() < deadline
         time.sleep(0.2)
     pid = json.loads((work / "run" / "trainer.json").read_text())["pid"]
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=1200)
-    assert proc.returncode == 130, out + err
+    assert proc.returncode == code, out + err
     assert "stopping the trainer on the Ray cluster" in err
     latest = (work / "run" / "checkpoints" / "latest").read_text()
     step = int(latest.removeprefix("step-"))
     assert step >= 1 and (work / "run" / "checkpoints" / latest / "model.safetensors").is_file()
-    assert f"interrupted: step {step} saved to run/checkpoints/{latest}" in out  # the driver says where
+    assert f"{said}: step {step} saved to run/checkpoints/{latest}" in out  # the driver says where
     deadline = time.monotonic() + 120
     while _alive(pid):  # the actor's process ended with the driver
         assert time.monotonic() < deadline, f"trainer process {pid} outlived the driver"

@@ -91,7 +91,9 @@ class GRPOTrainer:
         # Dropout off: the trainer's logprobs must be those of the policy that sampled
         # (eval() changes no gradient flow; it only disables stochastic layers).
         self.model.eval()
-        if getattr(self.model, "is_gradient_checkpointing", False):
+        if getattr(self.model, "is_activation_checkpointing", None) or (
+                not hasattr(self.model, "is_activation_checkpointing")
+                and getattr(self.model, "is_gradient_checkpointing", False)):
             _train_mode_without_dropout(self.model)  # transformers checkpoints only in training mode
         self.ref_model = None
         if config.kl_coef > 0:

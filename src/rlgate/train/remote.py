@@ -154,17 +154,43 @@ def _connect(cfg: TrainConfig) -> Any:
     return ray
 
 
+class _SigTerm(KeyboardInterrupt):
+    """SIGTERM on the driver: stops the remote run as Ctrl-C does (exit 143)."""
+
+    seen = False  # Ray may turn the exception into a plain KeyboardInterrupt: the note stays
+
+
+def _raise_sigterm(signum: int, frame: Any) -> None:
+    _SigTerm.seen = True
+    raise _SigTerm
+
+
 def run_remote(cfg: TrainConfig) -> Outcome:
-    """Check ``cfg`` here, run it as a :class:`TrainerActor` on the Ray cluster, wait for its outcome."""
+    """Check ``cfg`` here, run it as a :class:`TrainerActor` on the Ray cluster, wait for its outcome.
+    Ctrl-C or SIGTERM stops it (its last completed step saved); a second one kills the actor."""
+    import signal
+    import threading
+
     try:
         ray = _connect(cfg)
     except RunError as exc:
         return Outcome(2 if isinstance(exc, ConfigError) else 1, error=str(exc))
+    main = threading.current_thread() is threading.main_thread()
+    _SigTerm.seen = False
+    previous = signal.signal(signal.SIGTERM, _raise_sigterm) if main else None  # after ray.init, which sets its own
+    try:
+        return _run_remote(cfg, ray)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run_remote(cfg: TrainConfig, ray: Any) -> Outcome:
     assert cfg.ray is not None and cfg.ray.trainer is not None
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
     actor = ray.remote(TrainerActor).options(**_options(cfg.ray.trainer)).remote(os.getcwd(), env)
     run = actor.run.remote(cfg.model_dump(mode="json"))
-    stopping = False
+    stopping = terminated = False
     while True:
         try:
             if not stopping:
@@ -172,16 +198,21 @@ def run_remote(cfg: TrainConfig) -> Outcome:
                 print(f"trainer: on the Ray cluster, pid {where['pid']} on {where['hostname']} "
                       f"(node {where['node_id'][:12]})", flush=True)
             outcome: Outcome = _wait(ray, run)
+            if terminated and outcome.code == 130:
+                outcome.code = 143
+                if outcome.notice:
+                    outcome.notice = outcome.notice.replace("interrupted", "terminated (SIGTERM)", 1)
             return outcome
-        except KeyboardInterrupt:
-            if stopping:  # the second Ctrl-C
+        except KeyboardInterrupt as exc:
+            if stopping:  # the second Ctrl-C (or SIGTERM)
                 ray.kill(actor, no_restart=True)
                 print("killed the trainer; out_dir/checkpoints/latest names its last checkpoint",
                       file=sys.stderr, flush=True)
-                return Outcome(130)
+                return Outcome(143 if isinstance(exc, _SigTerm) or _SigTerm.seen else 130)
             stopping = True
+            terminated = isinstance(exc, _SigTerm) or _SigTerm.seen
             actor.stop.remote()
             print("\nstopping the trainer on the Ray cluster (it saves its last completed step); "
-                  "Ctrl-C again to kill it", file=sys.stderr, flush=True)
+                  "Ctrl-C (or SIGTERM) again to kill it", file=sys.stderr, flush=True)
         except Exception as exc:  # noqa: BLE001 - the actor raised or died: one message, not Ray's traceback
             return _failure(exc)
