@@ -194,3 +194,20 @@ def test_number_only_reward_scores_the_skill_and_the_format():
     assert number_only_reward("47", "52") == number_only_reward("47 or 52", "52") == 0.0
     assert number_only_reward("", "52") == number_only_reward("fifty-two", "52") == 0.0
 
+
+def test_the_real_demo_runs_end_to_end_on_smollm2(smollm2, tmp_path):
+    """Two GRPO steps of the real-model demo (the full one is `make demo`): before/after table,
+    curve, trajectories and the trained checkpoint are written."""
+    import json
+
+    from rlgate.demo.real import run_real_demo
+
+    small = {"groups_per_step": 2, "group_size": 4, "eval_items": 6, "eval_every": 1, "final_eval_samples": 1,
+             "concurrency": 8}
+    assert run_real_demo(tmp_path, steps=2, overrides=small) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 2 and len(summary["reward_per_step"]) == 2
+    assert set(summary["table"]) == {"before_t1", "before_greedy", "after_t1", "after_greedy"}
+    assert all(0.0 <= row["exact"] <= row["right"] <= 1.0 for row in summary["table"].values())
+    for name in ("reward_curve.png", "trajectories.parquet", "final/model.safetensors", "final/chat_template.jinja"):
+        assert (tmp_path / name).is_file(), name
