@@ -76,7 +76,7 @@ def test_train_on_ray_replicas_with_episodes_as_ray_tasks(work):
     with (work / "ray.jsonl").open("w") as f:
         for a in range(10, 18):
             f.write(json.dumps({"question": f"Which is larger, {a} or {a + 3}?", "marks": str(marks)}) + "\n")
-    config = base_config(dataset="ray.jsonl", agent="agents:RayTaskAgent",
+    config = base_config(dataset="ray.jsonl", agent="agents:RayTaskAgent", gateway={"ui": True},
                          ray={"replicas": 1, "num_cpus": 4, "episode": {"num_cpus": 1}})
     r = rlgate(work, "train", "--config", "cfg.yaml", config=config, timeout=3000)
     assert r.code == 0, r.text
@@ -85,6 +85,10 @@ def test_train_on_ray_replicas_with_episodes_as_ray_tasks(work):
     assert len(list(marks.iterdir())) >= 4  # every episode of the step ran as a Ray task (2 groups x 2)
     assert (work / "run" / "replicas").is_dir()  # the replica's durable store
     assert (work / "run" / "checkpoints" / "latest").read_text() == "step-000001"
+    # gateway.ui: the router serves the viewer; its key is in a 0600 file, never in the output
+    key_file = work / "run" / "admin_key"
+    assert "viewer: http://127.0.0.1:" in r.out and (key_file.stat().st_mode & 0o777) == 0o600
+    assert key_file.read_text().strip() not in r.text
 
 
 def test_suggestions_cover_typos_sections_and_other_trainers_names():
