@@ -115,6 +115,22 @@ def test_a_lora_run_with_a_schedule_seeded_sampling_and_the_trackers(work):
     assert "is a LoRA adapter: serving" in r.out
     report = json.loads((run / "eval-step-000003.json").read_text())
     assert report["episodes"] == 2 and report["checkpoint"].endswith("step-000003")
+    # rlgate serve takes the adapter checkpoint: its base (recorded in it) with the adapter merged
+    import subprocess
+    import sys
+
+    from helpers import free_port, wait_healthy
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "serve", "--model", "run1/checkpoints/step-000003",
+                             "--port", str(port), "--store", ":memory:", "--admin-key", "k" * 40], cwd=work,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=120)
+    assert "is a LoRA adapter: serving" in out and (run / "checkpoints" / "step-000003" / "merged").is_dir()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -226,10 +226,32 @@ def resolve_model_arg(args: argparse.Namespace) -> None:
         args.model_name = Path(given).stem if given.lower().endswith(".gguf") else given
 
 
+def merged_lora(adapter: Path) -> Path:
+    """A LoRA checkpoint of ``rlgate train`` (adapter only) as a full checkpoint: its base model
+    (``base_model_name_or_path``) with the adapter merged, written once to ``ADAPTER/merged``."""
+    import json
+
+    base = Path(json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path") or "")
+    if not (base / "config.json").is_file():
+        raise SystemExit(f"rlgate: {adapter} is a LoRA adapter whose base model {str(base)!r} is not a checkpoint "
+                         "directory here; merge it yourself: rlgate.train.policy.merge_adapter(BASE, ADAPTER, OUT)")
+    out = adapter / "merged"
+    if not (out / "config.json").is_file():
+        from rlgate.train.policy import merge_adapter
+
+        merge_adapter(base, adapter, out)
+    print(f"rlgate: {adapter} is a LoRA adapter: serving {base} with it merged ({out})", flush=True)
+    return out
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     _offline_env()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     resolve_model_arg(args)
+    if (Path(args.model) / "adapter_config.json").is_file():
+        if args.model_name is None:
+            args.model_name = Path(args.model).resolve().name
+        args.model = str(merged_lora(Path(args.model)))
     if args.chat_template is not None and args.replicas > 0:
         raise SystemExit("rlgate: --chat-template is not passed to --replicas yet: save the template as "
                          f"{Path(args.model) / 'chat_template.jinja'} instead")

@@ -39,6 +39,7 @@ def load_policy(cfg: TrainConfig, base: Path, checkpoint: Path | None = None) ->
 
     dtype = torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32
     lora = cfg.train.lora
+    base = base.resolve()  # recorded in a LoRA checkpoint (adapter_config.json): `rlgate serve` finds it there
     source = checkpoint if checkpoint is not None and lora is None else base
     if checkpoint is not None and (lora is None) == is_adapter(checkpoint):
         raise RunError(f"resume: {checkpoint} holds {'a LoRA adapter' if is_adapter(checkpoint) else 'full weights'}"
