@@ -19,6 +19,7 @@ RANKS: dict[str, int] = {
     "errors": 0,
     "config": 0,
     "json_text": 0,
+    "secret_files": 0,
     "checkpoints": 1,
     "surfaces": 1,
     "model": 1,

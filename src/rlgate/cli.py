@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ipaddress
 import logging
 import os
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlgate.config import STALE_LAG, ClusterConfig, GatewayConfig, add_arguments, from_arguments, option
+from rlgate.secret_files import write_secret_file
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 
@@ -158,23 +158,6 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     print(f"rlgate: model family {gen.family.title} ({gen.family.name}); renderer {gen.renderer.name}; "
           f"tool parser {gen.tool_parser or 'none'}; reasoning parser {gen.reasoning_parser or 'none'}", flush=True)
     return app
-
-
-def write_secret_file(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` with mode 0600 without following a link planted at ``path``:
-    a new file is written next to it (created 0600, exclusively) and renamed over the path,
-    which replaces a symlink itself rather than the file it points to."""
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600, O_EXCL
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 _HELD_KEY_FILES: list[int] = []  # descriptors holding the lock on this process's --admin-key-file

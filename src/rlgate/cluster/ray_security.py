@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlgate.secret_files import write_secret_file
+
 log = logging.getLogger("rlgate.cluster")
 
 TOKEN_FILE_NAME = "ray-auth-token"
@@ -89,16 +91,7 @@ def write_token_file(path: Path | None) -> Path:
     else:
         path = Path(path).expanduser().absolute()
         make_private_dirs(path.parent)
-    token = secrets.token_hex(32)  # what Ray's own generator makes (ray get-auth-token --generate)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600, O_EXCL
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(token)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_secret_file(path, secrets.token_hex(32))  # what Ray's own generator makes (ray get-auth-token --generate)
     return path
 
 

@@ -23,7 +23,6 @@ import json
 import math
 import secrets
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlgate.demo.rl import DemoHooks, DemoSettings, _read_history, _start_gateway
+from rlgate.demo.rl import DemoHooks, DemoSettings, _read_history, _start_gateway, stop_gateway
 from rlgate.demo.tasks import TaskSplit, math_task
 from rlgate.train.config import DatasetSource, GatewaySettings, RolloutSettings, TrackingSettings, TrainConfig
 from rlgate.train.grpo import GRPOConfig
@@ -163,11 +162,7 @@ def run_real_demo(out: Path, *, model: str = DEFAULT_MODEL, seed: int = 0, steps
     try:
         result = asyncio.run(_train(url, admin_key, model_dir, out, split, settings, seed, console))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_gateway(proc)
     wall = time.perf_counter() - t_start
     table = result["table"]
 

@@ -119,6 +119,15 @@ def _start_gateway(model_dir: Path, admin_key: str, log_path: Path, port: int | 
     raise TimeoutError(f"the gateway did not start; see {log_path}")
 
 
+def stop_gateway(proc: subprocess.Popen) -> None:
+    """SIGTERM (the gateway drains and flushes), SIGKILL after 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def demo_config(task: str, settings: DemoSettings, *, model_dir: Path, out: Path, url: str, admin_key: str,
                 seed: int) -> TrainConfig:
     """The demo as a TrainConfig: the tiny warm-started model, the example agents, a remote gateway."""
@@ -304,11 +313,7 @@ def run_demo(out: Path, *, task: str = "math", seed: int = 0, steps: int | None 
     finally:
         if exporter is not None:
             exporter.close()
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_gateway(proc)
     wall = time.perf_counter() - t_start
     summary = {"task": task, "seed": seed, "wall_seconds": wall, "warm_start": ws,
                "settings": settings.__dict__, **result}
