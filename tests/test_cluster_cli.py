@@ -51,7 +51,9 @@ def test_serve_replicas_from_the_command_line(tiny_model_dir, tmp_path):
         with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # never finishes its headers
             assert s.recv(1) == b""  # closed by the header timeout (2 s), not left open
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["replica-0", "replica-1"]  # a store each
+        # a store each, and Ray's auth token (0600) where no --admin-key-file / --ray-token-file says otherwise
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ray-auth-token", "replica-0", "replica-1"]
+        assert (tmp_path / "ray-auth-token").stat().st_mode & 0o777 == 0o600
         assert (tmp_path / "replica-0" / "rlgate.sqlite").is_file()
     finally:
         proc.send_signal(signal.SIGTERM)
