@@ -100,6 +100,14 @@ def stored_item(session: Session, item_id: str) -> Resolved | None:
     return reply.tool_calls[index] if index < len(reply.tool_calls) else None
 
 
+
+def _add_call(messages: list[Message], call: ToolCall, open_turn: bool, reasoning: str | None) -> None:
+    """A tool call joins the open assistant turn, or starts one (carrying the pending reasoning)."""
+    if open_turn:
+        messages[-1].tool_calls.append(call)
+    else:
+        messages.append(Message(role="assistant", tool_calls=[call], reasoning=reasoning or None))
+
 def convert_input(items: list[Any], history: list[Message] | None = None,
                   tools: ResponseTools | None = None,
                   resolve: Callable[[str], Resolved | None] | None = None) -> list[Message]:
@@ -125,12 +133,8 @@ def convert_input(items: list[Any], history: list[Message] | None = None,
                 open_turn, reasoning = True, None
                 continue
             else:
-                if open_turn:
-                    messages[-1].tool_calls.append(found)
-                else:
-                    messages.append(Message(role="assistant", tool_calls=[found], reasoning=reasoning or None))
-                    open_turn = True
-                reasoning = None
+                _add_call(messages, found, open_turn, reasoning)
+                open_turn, reasoning = True, None
                 calls[found.id] = found.name
                 continue
         if isinstance(item, ReasoningItem):
@@ -153,12 +157,8 @@ def convert_input(items: list[Any], history: list[Message] | None = None,
                 call = custom_call(tools, item.call_id, item.name, item.namespace, item.input)
             else:
                 call = local_shell_call(item.call_id, item.action)
-            if open_turn:
-                messages[-1].tool_calls.append(call)
-            else:
-                messages.append(Message(role="assistant", tool_calls=[call], reasoning=reasoning or None))
-                open_turn = True
-            reasoning = None
+            _add_call(messages, call, open_turn, reasoning)
+            open_turn, reasoning = True, None
             calls[item.call_id] = call.name
         elif isinstance(item, (FunctionCallOutputItem, CustomToolCallOutputItem, LocalShellCallOutputItem)):
             shell = isinstance(item, LocalShellCallOutputItem)
