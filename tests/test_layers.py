@@ -1,7 +1,9 @@
 """The package layers: imports point downward only, and no module imports itself back.
 
 Each top-level part of ``rlgate`` has a rank; a module may import its own part and any part
-of a lower rank, never a part of the same or a higher rank. Every import counts, including
+of a lower rank, never a part of the same or a higher rank. A key naming a module inside a part
+(``online.feedback``) gives that module (or subpackage) its own rank; the longest key that
+prefixes a module's name applies. Every import counts, including
 imports inside functions and under ``TYPE_CHECKING``: a lazy import is still a dependency.
 The order (bottom to top) is the one docs/architecture.md draws.
 """
@@ -15,7 +17,7 @@ import rlgate
 
 SRC = Path(rlgate.__file__).parent
 
-RANKS: dict[str, int] = {
+RANKS: dict[str, float] = {
     "errors": 0,
     "config": 0,
     "json_text": 0,
@@ -29,6 +31,11 @@ RANKS: dict[str, int] = {
     "store": 4,
     "metrics": 5,
     "core": 6,
+    # rlgate serve --online: the records a store keeps sit below the store; the rest between core and api
+    "online.feedback": 3.5,
+    "online.tenants": 3.5,
+    "online.reward_map": 3.6,
+    "online": 6.5,
     "api": 7,
     "ui": 8,
     "server": 9,
@@ -56,7 +63,12 @@ def _module_name(path: Path) -> str:
 
 def _part(module: str) -> str:
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "__init__"
+    if len(parts) == 1:
+        return "__init__"
+    for n in range(len(parts) - 1, 1, -1):  # the longest key naming a module inside a part
+        if ".".join(parts[1:n + 1]) in RANKS:
+            return ".".join(parts[1:n + 1])
+    return parts[1]
 
 
 def _imports(path: Path) -> set[str]:

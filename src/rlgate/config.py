@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-__all__ = ["ClusterConfig", "GatewayConfig", "add_arguments", "from_arguments", "option"]
+__all__ = ["ClusterConfig", "GatewayConfig", "OnlineConfig", "add_arguments", "from_arguments", "option"]
 
 T = TypeVar("T", bound="DataclassInstance")
 
@@ -199,6 +199,45 @@ class ClusterConfig:
     refresh_interval: float = field(default=0.5, metadata={
         "help": "seconds between the router's refreshes of replica state and load"})
     namespace: str = field(default="rlgate", metadata={"help": "Ray namespace of the replica actors"})
+
+
+@dataclass
+class OnlineConfig:
+    """Serving real traffic (``rlgate serve --online``; see docs/online.md): tenant keys, conversations,
+    feedback and its rewards, data rights. Part 2's live groups, trainer and canary: ``online/options.py``."""
+
+    online: bool = option(False, "serve real traffic: API keys per tenant (POST /v1/tenants), conversations "
+                          "recognised from a header or by token-exact parent matching, the feedback API "
+                          "(POST /v1/feedback), implicit signals, deletion and retention (docs/online.md)")
+    conversation_header: str = option("x-conversation-id", "request header naming a conversation (a tenant's "
+                                      "requests without it share one session: conversations are its trees)",
+                                      metavar="NAME")
+    reward_weights: list[str] = option(
+        help="KIND=WEIGHT: how much a kind of feedback counts in a turn's reward (kinds: thumbs, rating, "
+        "preference, outcome, and the implicit regenerate, edit, abandon, tool_error); repeat for several; "
+        "unnamed kinds keep their default",
+        factory=lambda: ["thumbs=1", "rating=1", "preference=1", "outcome=1", "regenerate=-1", "edit=-0.5",
+                         "tool_error=-1", "abandon=0"], flag="--reward-weight", metavar="KIND=W")
+    reward_combine: Literal["mean", "sum"] = option(
+        "mean", "how a turn's feedback makes one reward: mean (weighted mean of the signals, in [-1, 1] when "
+        "outcomes are) or sum")
+    abandon_after: float = option(1800.0, "seconds without a follow-up after a turn before it counts as "
+                                  "abandoned (an implicit signal; 0: never)")
+    implicit_scan_interval: float = option(1.0, "seconds between scans of new turns for implicit signals "
+                                           "(regenerate, edit, tool error, abandon)")
+    tool_error_pattern: str = option(
+        r"^\s*(error|exception|traceback)\b", "a tool result whose text matches this (case-insensitive) "
+        "regular expression is a failed tool call (Anthropic's is_error always is)", metavar="REGEX")
+    data_retention_hours: float = option(0.0, "delete a conversation (turns, feedback) this many hours after "
+                                         "its last activity (0: keep until deleted on request)")
+    retention_interval: float = option(60.0, "seconds between retention purges")
+    redaction_hook: str | None = option(
+        None, "package.module:attribute: a function (messages) -> messages applied to every turn before it "
+        "reaches the trainer (an operator's code, never a request's)", metavar="PATH")
+    max_feedback_per_target: int = option(1000, "feedback events one turn or conversation may receive; "
+                                          "more -> 429")
+    max_comment_chars: int = option(10_000, "longest feedback comment; longer -> 400")
+    max_tenants: int = option(10_000, "tenants (revoked ones included) at most; more -> 429")
 
 
 # --------------------------------------------------------------------------- command line

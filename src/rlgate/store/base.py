@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from rlgate.config import option
+from rlgate.store.online import MemoryOnlineRecords
 from rlgate.trajectory.interaction import Interaction, Session
 
 Synchronous = Literal["full", "normal"]
@@ -91,8 +92,9 @@ class HasWriteStats(Protocol):
         ...
 
 
-class MemoryStore:
-    """Keeps nothing beyond the process: the session manager's memory is the store."""
+class MemoryStore(MemoryOnlineRecords):
+    """Keeps nothing beyond the process: the session manager's memory is the store (and its own
+    memory holds the online records: tenants, feedback)."""
 
     def load(self) -> list[Session]:
         return []

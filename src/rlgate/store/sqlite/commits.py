@@ -94,10 +94,11 @@ class GroupCommit:
         with self._state:
             return self._durable >= self._committed
 
-    def query(self, sql: str) -> list[Any]:
-        """Read with the write connection (at startup, before any write)."""
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """Read with the write connection (at startup, before any write; online records: after
+        :meth:`commit_pending`, so that a read sees every write submitted before it)."""
         with self.db_lock:
-            return self.conn.execute(sql).fetchall()
+            return self.conn.execute(sql, params).fetchall()
 
     # ------------------------------------------------------------------ writes (event loop side)
 

@@ -108,6 +108,14 @@ class RowCodec:
         return [("DELETE FROM interactions WHERE session_id=?", (session_id,)),
                 ("DELETE FROM sessions WHERE id=?", (session_id,))]
 
+    def forget(self, session_id: str, interaction_ids: list[str]) -> None:
+        """These turns are being deleted (a whole conversation tree: none is another's base)."""
+        ids = self._by_session.get(session_id, set())
+        for iid in interaction_ids:
+            self._live.pop(iid, None)
+            self._inserted.discard(iid)
+            ids.discard(iid)
+
     def _track(self, i: Interaction) -> None:
         self._live[i.id] = i
         self._by_session.setdefault(i.session_id, set()).add(i.id)

@@ -19,7 +19,7 @@ __all__ = [
     "init_db",
 ]
 
-SCHEMA_VERSION = 2  # 2: interactions.client_store
+SCHEMA_VERSION = 3  # 2: interactions.client_store; 3: tenants, feedback (rlgate serve --online)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -69,6 +69,28 @@ CREATE TABLE IF NOT EXISTS interactions (
     completed_at    REAL
 );
 CREATE INDEX IF NOT EXISTS interactions_by_session ON interactions (session_id);
+CREATE TABLE IF NOT EXISTS tenants (     -- rlgate serve --online (store/sqlite/online.py)
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    key_hash    TEXT NOT NULL,           -- sha256 hex of the tenant key; the key itself is never stored
+    created_at  REAL NOT NULL,
+    revoked_at  REAL
+);
+CREATE TABLE IF NOT EXISTS feedback (
+    seq             INTEGER PRIMARY KEY AUTOINCREMENT,  -- the listing cursor (never reused)
+    id              TEXT NOT NULL UNIQUE,
+    tenant          TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    interaction_id  TEXT,                -- NULL: about the whole conversation
+    kind            TEXT NOT NULL,       -- thumbs | rating | preference | comment | outcome | implicit
+    value           TEXT NOT NULL,       -- JSON number or string
+    source          TEXT NOT NULL,       -- explicit | implicit | delayed
+    created_at      REAL NOT NULL,
+    policy_version  INTEGER,
+    metadata        TEXT NOT NULL        -- JSON object
+);
+CREATE INDEX IF NOT EXISTS feedback_by_conversation ON feedback (tenant, conversation_id);
+CREATE INDEX IF NOT EXISTS feedback_by_time ON feedback (created_at);
 """
 
 SESSION_COLS = ("id", "task_id", "key_hash", "mode", "status", "created_at", "last_active", "ended_at",

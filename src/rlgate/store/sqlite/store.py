@@ -4,7 +4,8 @@ Every ``save_*`` returns the change's write sequence number; :meth:`SQLiteStore.
 is the barrier the gateway awaits with a request's numbers before it sends a response that
 reports a change, so that "the client saw it" implies "it is durable" (docs/operations.md,
 "Durability guarantee"). How writes reach the disk: :mod:`.commits`;
-the row format: :mod:`.rows` and :mod:`.codec`; the files and their lock: :mod:`.files`.
+the row format: :mod:`.rows` and :mod:`.codec`; the files and their lock: :mod:`.files`;
+tenants and feedback (``rlgate serve --online``): :mod:`.online`.
 Keys: only ``key_hash`` (SHA-256 of the session key) exists on a session; keys are never
 written anywhere.
 """
@@ -22,6 +23,7 @@ from rlgate.store.base import StoreError, StoreOptions, Synchronous
 from rlgate.store.sqlite.codec import to_json
 from rlgate.store.sqlite.commits import GroupCommit
 from rlgate.store.sqlite.files import lock_and_create
+from rlgate.store.sqlite.online import SQLiteOnlineRecords
 from rlgate.store.sqlite.rows import RowCodec
 from rlgate.store.sqlite.schema import DYNAMIC_COLS, SESSION_COLS, STATIC_COLS, init_db
 from rlgate.trajectory.interaction import Interaction, Session
@@ -29,7 +31,7 @@ from rlgate.trajectory.interaction import Interaction, Session
 __all__ = ["SQLiteStore"]
 
 
-class SQLiteStore:
+class SQLiteStore(SQLiteOnlineRecords):
     """SQLite store (see the module docstring). ``synchronous``: ``"full"``: a change is
     durable once the WAL holding it is fsynced (survives power loss); ``"normal"``: once it
     is committed to the WAL (survives a crash of the gateway process, not of the machine)."""
