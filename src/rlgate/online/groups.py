@@ -1,0 +1,220 @@
+"""Live GRPO groups: k-1 extra replies to a user's prompt, off the user's path, scored as one group.
+
+For a fraction ``group_fraction`` of completed replies, :class:`LiveGroups` samples ``group_size - 1``
+more replies to exactly the same prompt token ids with the same sampling parameters (each with
+its own seed), on the same version (the engine routes them by the user's conversation), scores the
+``k`` replies -- the user's and the extras -- with one reward function or judge, and hands the
+trainer a :class:`LiveGroup`: k samples of one prompt with rewards, a proper GRPO group.
+
+* **Never shown, never in the way.** The extras start after the user's reply is complete (the
+  completion hook runs when the last token is recorded), are never recorded in the user's session
+  and never returned to anyone; they run as ordinary engine requests, so they share batches with
+  user traffic rather than delaying it.
+* **Bounded cost.** A token bucket of ``group_tokens_per_minute`` extra tokens: a group is taken
+  only when its worst case (``(k - 1) * max_new_tokens``) fits, and what it did not use is given
+  back. **Shed first under load:** while the engine has more than ``group_shed_waiting``
+  requests waiting for a batch row, no group starts. Every outcome is counted
+  (:attr:`LiveGroups.counts`, ``rlgate_online_groups_total{outcome}`` in /metrics).
+* **Scoring.** ``group_reward`` names (operator configuration, loaded once at startup) either an
+  object with ``async score_group(samples) -> list[float]`` (a judge scoring the replies side by
+  side) or a function ``(sample) -> float`` (or awaitable) applied to each reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import inspect
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rlgate.engine.base import Engine, GenerateRequest, GenerateResult, SamplingParams
+from rlgate.online.options import OnlineOptions
+from rlgate.trajectory.export import individual_sample
+from rlgate.trajectory.interaction import Interaction
+from rlgate.trajectory.sample import Sample
+
+log = logging.getLogger("rlgate.online.groups")
+
+OUTCOMES = ("started", "completed", "skipped_budget", "shed_load", "failed")
+
+
+class GroupScorer(Protocol):
+    async def __call__(self, samples: list[Sample]) -> list[float]:
+        """One reward per sample, in order."""
+        ...
+
+
+def load_scorer(path: str) -> GroupScorer:
+    """The ``group_reward`` named by the operator's configuration (``package.module:attribute``)."""
+    module, sep, attr = path.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"group_reward {path!r}: expected package.module:attribute")
+    obj = getattr(importlib.import_module(module), attr)
+    if inspect.isclass(obj):
+        obj = obj()
+    return scorer_of(obj)
+
+
+def scorer_of(obj: Any) -> GroupScorer:
+    """A group scorer from a judge-like object (``score_group``) or a per-sample reward function."""
+    if hasattr(obj, "score_group"):
+        async def by_group(samples: list[Sample]) -> list[float]:
+            return [float(x) for x in await obj.score_group(samples)]
+        return by_group
+    if not callable(obj):
+        raise TypeError(f"{obj!r} is neither a reward function nor has score_group")
+
+    async def each(samples: list[Sample]) -> list[float]:
+        out = []
+        for s in samples:
+            r = obj(s)
+            out.append(float(await r if inspect.isawaitable(r) else r))
+        return out
+    return each
+
+
+@dataclass
+class TokenBudget:
+    """A token bucket: ``per_minute`` tokens refill evenly; at most one minute's worth is banked."""
+
+    per_minute: int
+    clock: Callable[[], float] = time.monotonic
+    tokens: float = -1.0  # starts full
+    at: float = 0.0
+
+    def _refill(self) -> None:
+        now = self.clock()
+        if self.tokens < 0:
+            self.tokens, self.at = float(self.per_minute), now
+            return
+        self.tokens = min(float(self.per_minute), self.tokens + (now - self.at) * self.per_minute / 60.0)
+        self.at = now
+
+    def take(self, n: int) -> bool:
+        self._refill()
+        if n > self.tokens:
+            return False
+        self.tokens -= n
+        return True
+
+    def give_back(self, n: int) -> None:
+        self._refill()
+        self.tokens = min(float(self.per_minute), self.tokens + n)
+
+
+@dataclass
+class LiveGroup:
+    """k replies to one prompt with their rewards: the user's reply first, then the extras."""
+
+    group_id: str
+    conversation: str  # the user's conversation (deletion drops the group)
+    tenant: str | None
+    samples: list[Sample]  # rewards set; sample.group_id = group_id
+    created_at: float = field(default_factory=time.time)
+
+
+class LiveGroups:
+    """Samples, scores and hands over live groups (see the module docstring)."""
+
+    def __init__(self, options: OnlineOptions, engine: Engine, scorer: GroupScorer,
+                 sink: Callable[[LiveGroup], None], *, decode: Callable[[list[int]], str],
+                 waiting: Callable[[], int] | None = None, rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``decode``: reply token ids -> text (for the scorer); ``waiting``: requests waiting for an
+        engine batch row now (None: never shed)."""
+        self.options = options
+        self.engine = engine
+        self.scorer = scorer
+        self.sink = sink
+        self.decode = decode
+        self.waiting = waiting
+        self.rng = rng or random.Random()
+        self.budget = TokenBudget(options.group_tokens_per_minute, clock)
+        self.counts: Counter[str] = Counter({k: 0 for k in OUTCOMES})
+        self.extra_tokens = 0  # generated for live groups, all time
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def offer(self, interaction: Interaction, sampling: SamplingParams, conversation: str,
+              tenant: str | None = None) -> bool:
+        """A user's reply is complete: maybe start a live group on its prompt. Never blocks."""
+        o = self.options
+        if o.group_fraction <= 0 or interaction.finish_reason not in ("stop", "length", "tool_calls"):
+            return False
+        if self.rng.random() >= o.group_fraction:
+            return False
+        if self.waiting is not None and self.waiting() > o.group_shed_waiting:
+            self.counts["shed_load"] += 1
+            return False
+        worst = (o.group_size - 1) * sampling.max_new_tokens
+        if not self.budget.take(worst):
+            self.counts["skipped_budget"] += 1
+            return False
+        self.counts["started"] += 1
+        task = asyncio.get_running_loop().create_task(self._run(interaction, sampling, conversation, tenant, worst))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def _run(self, inter: Interaction, sampling: SamplingParams, conversation: str, tenant: str | None,
+                   reserved: int) -> None:
+        used = 0
+        try:
+            requests = [GenerateRequest(list(inter.prompt_ids),
+                                        dataclasses.replace(sampling, seed=self.rng.getrandbits(63)),
+                                        request_id=f"{inter.id}-group{j}", session_id=conversation)
+                        for j in range(1, self.options.group_size)]
+            results: list[GenerateResult] = await asyncio.gather(*(self.engine.generate(r) for r in requests))
+            used = sum(len(r.output_ids) for r in results)
+            self.extra_tokens += used
+            group_id = f"live-{inter.id}"
+            samples = [individual_sample(inter, None, task_id=group_id)]
+            for j, r in enumerate(results, start=1):
+                samples.append(self._extra(inter, r, j))
+            rewards = await self.scorer(samples)
+            if len(rewards) != len(samples):
+                raise ValueError(f"group_reward gave {len(rewards)} rewards for {len(samples)} replies")
+            for j, (s, reward) in enumerate(zip(samples, rewards, strict=True)):
+                s.reward, s.group_id, s.episode = float(reward), group_id, j
+            self.sink(LiveGroup(group_id, conversation, tenant, samples))
+            self.counts["completed"] += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a failed side group costs the user nothing: count and log it
+            self.counts["failed"] += 1
+            log.exception("live group on %s failed", inter.id)
+        finally:
+            self.budget.give_back(max(reserved - used, 0))
+
+    def _extra(self, inter: Interaction, r: GenerateResult, j: int) -> Sample:
+        n_prompt = len(inter.prompt_ids)
+        base = individual_sample(inter, None)
+        return dataclasses.replace(
+            base, id=f"{inter.id}-group{j}", input_ids=list(inter.prompt_ids) + r.output_ids,
+            loss_mask=[0] * n_prompt + [1] * len(r.output_ids),
+            logprobs=[0.0] * n_prompt + list(r.output_logprobs),
+            versions=[-1] * n_prompt + list(r.output_versions),
+            finish_reason=r.finish_reason, flags=[],
+            output_message={"role": "assistant", "content": self.decode(r.output_ids)})
+
+    def snapshot(self) -> Mapping[str, Any]:
+        return {**self.counts, "in_flight": self.in_flight, "extra_tokens": self.extra_tokens,
+                "budget_tokens": round(max(self.budget.tokens, 0.0))}
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+__all__ = ["GroupScorer", "LiveGroup", "LiveGroups", "TokenBudget", "load_scorer", "scorer_of"]

@@ -1,0 +1,271 @@
+"""The continuous trainer: train on live trajectories as their rewards arrive.
+
+Rewarded samples come from two places: live groups (``online/groups.py``: k replies to one prompt,
+scored together) and feedback on users' own turns (the RewardMap's reward of a turn's events,
+``online/feedback_source.py``). :class:`OnlineTrainer` keeps them in a bounded queue and, once
+``train_batch`` fresh samples wait, takes one GRPO step with the existing trainer
+(``train/grpo.py: GRPOTrainer.step``, reached through the :class:`Stepper` protocol so this module
+stays free of torch) and offers the new weights as the next canary candidate.
+
+* **Groups.** A live group keeps its own group id (advantage = reward - the group's mean). Feedback
+  samples that share their prompt in a step form a group the same way; the others share one
+  baseline, the mean reward of the step's remaining feedback samples (REINFORCE with a batch
+  baseline), since a group of one has no advantage.
+* **Staleness.** A sample is dropped (and counted) when its oldest generated token is more than
+  ``max_staleness_versions`` versions behind the trainer's weights, or was generated more than
+  ``max_staleness_hours`` ago. Samples within the bounds are importance-corrected by the trainer
+  from their recorded per-token logprobs and versions (decoupled PPO: the ratio to the proximal
+  policy, weighted by ``min(pi_prox / pi_behav, importance_cap)``). After a step whose weights
+  were not yet published, every sample counts as off-policy (its proximal logprobs recomputed).
+* **Replay and retention.** Trained units go to a replay buffer (``replay_capacity`` at most, each
+  for ``retention_hours``); a step adds ``replay_fraction`` of its size drawn from it, still within
+  the staleness bounds.
+* **Deletion.** :meth:`forget` (the data-rights notifier calls it) drops a conversation's or a
+  tenant's samples from the queue and the replay buffer, so nothing deleted is trained afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import random
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from rlgate.online.groups import LiveGroup
+from rlgate.online.options import OnlineOptions
+from rlgate.trajectory.sample import Sample
+
+log = logging.getLogger("rlgate.online.trainer")
+
+COUNTS = ("received_group_samples", "received_feedback_samples", "dropped_stale_versions", "dropped_stale_hours",
+          "dropped_overflow", "dropped_deleted", "trained_samples", "replayed_samples", "steps", "published")
+
+
+class Stepper(Protocol):
+    """What takes one optimisation step: ``GRPOTrainer.step`` has exactly this signature."""
+
+    def step(self, samples: list[Sample], group_ids: list[str], current_version: int) -> dict[str, float]:
+        ...
+
+
+@dataclass
+class Unit:
+    """What is queued, trained and replayed together: one live group, or one rewarded turn."""
+
+    samples: list[Sample]  # rewards set
+    kind: Literal["group", "feedback"]
+    conversation: str
+    tenant: str | None
+    generated_at: float  # unix time the replies were generated
+    group_id: str = ""  # live groups: their id
+
+
+class OnlineTrainer:
+    """Queue, staleness, replay, deletion and the step loop (see the module docstring)."""
+
+    def __init__(self, options: OnlineOptions, stepper: Stepper, publish: Callable[[], Awaitable[int | None]], *,
+                 version: int = 0, clock: Callable[[], float] = time.time, rng: random.Random | None = None) -> None:
+        """``publish()``: offer the trainer's weights as the next candidate; its version, or None when none
+        can start now (a canary is still running): training goes on and the next step offers again."""
+        self.options = options
+        self.stepper = stepper
+        self.publish = publish
+        self.version = version  # of the weights last published (or served when training started)
+        self.dirty = False  # the trainer's weights moved since they were published
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.pending: deque[Unit] = deque()
+        self.replay: deque[Unit] = deque()
+        self.counts: Counter[str] = Counter({k: 0 for k in COUNTS})
+        self.last_step: dict[str, float] = {}  # metrics of the last step (staleness included)
+        self._wake = asyncio.Event()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-online-train")
+
+    # ------------------------------------------------------------------ input
+
+    @property
+    def pending_samples(self) -> int:
+        return sum(len(u.samples) for u in self.pending)
+
+    def add_group(self, group: LiveGroup) -> None:
+        self.counts["received_group_samples"] += len(group.samples)
+        self._add(Unit(group.samples, "group", group.conversation, group.tenant, group.created_at, group.group_id))
+
+    def add_feedback(self, sample: Sample, conversation: str, tenant: str | None, generated_at: float) -> None:
+        if sample.reward is None:
+            raise ValueError(f"sample {sample.id} has no reward")
+        self.counts["received_feedback_samples"] += 1
+        self._add(Unit([sample], "feedback", conversation, tenant, generated_at))
+
+    def _add(self, unit: Unit) -> None:
+        self.pending.append(unit)
+        while self.pending_samples > self.options.pending_limit:
+            old = self.pending.popleft()
+            self.counts["dropped_overflow"] += len(old.samples)
+        self._wake.set()
+
+    def forget(self, *, conversation: str | None = None, tenant: str | None = None) -> int:
+        """Drop every queued or replayable sample of a deleted conversation or tenant; how many."""
+        def doomed(u: Unit) -> bool:
+            return (conversation is not None and u.conversation == conversation) or (
+                tenant is not None and u.tenant == tenant)
+
+        dropped = 0
+        for q in (self.pending, self.replay):
+            keep = [u for u in q if not doomed(u)]
+            dropped += sum(len(u.samples) for u in q) - sum(len(u.samples) for u in keep)
+            q.clear()
+            q.extend(keep)
+        self.counts["dropped_deleted"] += dropped
+        return dropped
+
+    # ------------------------------------------------------------------ batches
+
+    @property
+    def current_version(self) -> int:
+        """The version the trainer's weights count as: a step not yet published makes every sample stale."""
+        return self.version + 1 if self.dirty else self.version
+
+    def _lag(self, u: Unit) -> int:
+        oldest = [v for v in (s.min_version for s in u.samples) if v is not None]
+        return self.current_version - min(oldest) if oldest else 0
+
+    def _fresh(self, u: Unit, now: float, *, count: bool) -> bool:
+        if self._lag(u) > self.options.max_staleness_versions:
+            if count:
+                self.counts["dropped_stale_versions"] += len(u.samples)
+            return False
+        if now - u.generated_at > self.options.max_staleness_hours * 3600:
+            if count:
+                self.counts["dropped_stale_hours"] += len(u.samples)
+            return False
+        return True
+
+    def take_batch(self) -> tuple[list[Unit], list[Unit]] | None:
+        """The next step's units (fresh, replayed), or None while fewer than ``train_batch`` fresh samples wait."""
+        now = self.clock()
+        kept = [u for u in self.pending if self._fresh(u, now, count=True)]
+        self.pending.clear()
+        self.pending.extend(kept)
+        if self.pending_samples < self.options.train_batch:
+            return None
+        fresh = list(self.pending)
+        self.pending.clear()
+        horizon = now - self.options.retention_hours * 3600
+        alive = [u for u in self.replay if u.generated_at >= horizon]
+        self.replay.clear()
+        self.replay.extend(alive)
+        want = int(self.options.replay_fraction * sum(len(u.samples) for u in fresh))
+        candidates = [u for u in self.replay if self._fresh(u, now, count=False)]
+        self.rng.shuffle(candidates)
+        replayed: list[Unit] = []
+        for u in candidates:
+            if want <= 0:
+                break
+            replayed.append(u)
+            want -= len(u.samples)
+        return fresh, replayed
+
+    @staticmethod
+    def flatten(units: list[Unit]) -> tuple[list[Sample], list[str]]:
+        """Samples and their GRPO group ids (see the module docstring: groups, prompt groups, batch baseline)."""
+        samples: list[Sample] = []
+        gids: list[str] = []
+        by_prompt: dict[tuple[int, ...], list[Sample]] = {}
+        for u in units:
+            if u.kind == "group":
+                samples += u.samples
+                gids += [u.group_id] * len(u.samples)
+                continue
+            for s in u.samples:
+                prompt = tuple(t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if not m)
+                by_prompt.setdefault(prompt, []).append(s)
+        rest: list[Sample] = []
+        for k, (_, group) in enumerate(by_prompt.items()):
+            if len(group) > 1:
+                samples += group
+                gids += [f"feedback-prompt-{k}"] * len(group)
+            else:
+                rest += group
+        if len(rest) > 1:
+            samples += rest
+            gids += ["feedback-batch"] * len(rest)
+        return samples, gids
+
+    # ------------------------------------------------------------------ the loop
+
+    async def step_once(self) -> dict[str, float] | None:
+        """Take one step if a batch is ready; then offer the weights as a candidate."""
+        batch = self.take_batch()
+        if batch is None:
+            return None
+        fresh, replayed = batch
+        samples, gids = self.flatten(fresh + replayed)
+        now = self.clock()
+        lags = [self._lag(u) for u in fresh + replayed]
+        ages = [(now - u.generated_at) / 3600 for u in fresh + replayed]
+        version = self.current_version
+        metrics: dict[str, float] = {}
+        if samples:
+            loop = asyncio.get_running_loop()
+            metrics = await loop.run_in_executor(self._pool, self.stepper.step, samples, gids, version)
+            self.dirty = True
+        self.counts["steps"] += 1
+        self.counts["trained_samples"] += sum(len(u.samples) for u in fresh)
+        self.counts["replayed_samples"] += sum(len(u.samples) for u in replayed)
+        for u in fresh:
+            self.replay.append(u)
+        while sum(len(u.samples) for u in self.replay) > self.options.replay_capacity:
+            self.replay.popleft()
+        rewards = [s.reward for s in samples if s.reward is not None]
+        metrics.update({"staleness_versions_mean": sum(lags) / len(lags), "staleness_versions_max": float(max(lags)),
+                        "staleness_hours_mean": sum(ages) / len(ages), "staleness_hours_max": max(ages),
+                        "reward_mean": sum(rewards) / max(len(rewards), 1), "trained_version": float(version)})
+        self.last_step = metrics
+        await self.try_publish()
+        return metrics
+
+    async def try_publish(self) -> int | None:
+        if not self.dirty:
+            return None
+        v = await self.publish()
+        if v is not None:
+            self.version, self.dirty = v, False
+            self.counts["published"] += 1
+            log.info("online trainer: weights published as version %d", v)
+        return v
+
+    def reset(self, version: int) -> None:
+        """The trainer's weights were set back to ``version`` (a rolled-back canary)."""
+        self.version, self.dirty = version, False
+
+    async def run(self) -> None:
+        """Step whenever a batch is ready, until cancelled."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                while await self.step_once() is not None:
+                    pass
+                await self.try_publish()  # a canary may have ended since the last step
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - keep serving; the failure is logged with its traceback
+                log.exception("online training step failed")
+
+    def poke(self) -> None:
+        """Look again (a canary decision may allow a publish)."""
+        self._wake.set()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def snapshot(self) -> Mapping[str, Any]:
+        return {**self.counts, "pending_samples": self.pending_samples,
+                "replay_samples": sum(len(u.samples) for u in self.replay), "version": self.version,
+                "unpublished_steps": self.dirty, "last_step": dict(self.last_step)}

@@ -1,0 +1,142 @@
+"""The continuous trainer: batches as rewards arrive, staleness bounds, replay, deletion, publishing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rlgate.online.groups import LiveGroup
+from rlgate.online.options import OnlineOptions
+from rlgate.online.trainer import OnlineTrainer
+from rlgate.trajectory.sample import Sample
+
+
+class Recorder:
+    """A stepper that keeps what it was given (the real one is GRPOTrainer.step; see the torch test)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[Sample], list[str], int]] = []
+
+    def step(self, samples: list[Sample], group_ids: list[str], current_version: int) -> dict[str, float]:
+        self.calls.append((samples, group_ids, current_version))
+        return {"loss": 0.0}
+
+
+def _sample(sid: str, reward: float, version: int = 0, prompt: tuple[int, ...] = (1, 2)) -> Sample:
+    p = list(prompt)
+    return Sample(id=sid, input_ids=p + [7, 8], loss_mask=[0] * len(p) + [1, 1], logprobs=[0.0] * len(p) + [-1.0, -1.0],
+                  versions=[-1] * len(p) + [version, version], reward=reward)
+
+
+def _trainer(now: list[float], published: list[int] | None = None, **kw: object) -> tuple[OnlineTrainer, Recorder]:
+    rec = Recorder()
+    versions = iter(range(1, 100))
+
+    async def publish() -> int | None:
+        if published is None:
+            return None
+        v = next(versions)
+        published.append(v)
+        return v
+
+    return OnlineTrainer(OnlineOptions(**kw), rec, publish, clock=lambda: now[0]), rec  # type: ignore[arg-type]
+
+
+def test_a_step_waits_for_a_batch_then_trains_groups_and_feedback() -> None:
+    now = [1000.0]
+    published: list[int] = []
+    t, rec = _trainer(now, published, train_batch=6, replay_fraction=0.0)
+
+    async def main() -> None:
+        t.add_group(LiveGroup("g1", "conv-a", "tn", [_sample(f"g{i}", float(i)) for i in range(4)], created_at=now[0]))
+        assert await t.step_once() is None  # 4 < 6 samples
+        t.add_feedback(_sample("f1", 1.0, prompt=(3,)), "conv-b", "tn", now[0])
+        t.add_feedback(_sample("f2", -1.0, prompt=(4,)), "conv-c", "tn", now[0])
+        metrics = await t.step_once()
+        assert metrics is not None and metrics["staleness_versions_max"] == 0
+
+    asyncio.run(main())
+    (samples, gids, version), = rec.calls
+    assert [s.id for s in samples] == ["g0", "g1", "g2", "g3", "f1", "f2"] and version == 0
+    # the live group keeps its id; lone feedback turns share one batch baseline
+    assert gids == ["g1"] * 4 + ["feedback-batch"] * 2
+    assert published == [1] and t.version == 1 and not t.dirty
+
+
+def test_feedback_on_the_same_prompt_forms_a_group() -> None:
+    samples, gids = OnlineTrainer.flatten([])
+    assert samples == [] and gids == []
+    now = [0.0]
+    t, _ = _trainer(now)
+    for i, p in enumerate([(1,), (1,), (2,)]):
+        t.add_feedback(_sample(f"f{i}", 1.0, prompt=p), f"c{i}", None, now[0])
+    samples, gids = OnlineTrainer.flatten(list(t.pending))
+    assert gids == ["feedback-prompt-0", "feedback-prompt-0"]  # the lone one has no baseline: left out
+    with pytest.raises(ValueError, match="no reward"):
+        t.add_feedback(Sample(id="x", input_ids=[1], loss_mask=[1], logprobs=[0.0], versions=[0], reward=None), "c", None, 0)
+
+
+def test_stale_samples_are_dropped_and_counted() -> None:
+    now = [10_000.0]
+    t, rec = _trainer(now, train_batch=2, max_staleness_versions=2, max_staleness_hours=1.0, replay_fraction=0.0)
+    t.version = 5
+    t.add_feedback(_sample("old-version", 1.0, version=2), "a", None, now[0])  # 3 versions behind
+    t.add_feedback(_sample("old-hours", 1.0, version=5), "b", None, now[0] - 7200)  # 2 hours ago
+    t.add_feedback(_sample("ok1", 1.0, version=4, prompt=(5,)), "c", None, now[0])
+    t.add_feedback(_sample("ok2", 0.0, version=5, prompt=(6,)), "d", None, now[0])
+    asyncio.run(t.step_once())
+    (samples, _, version), = rec.calls
+    assert [s.id for s in samples] == ["ok1", "ok2"] and version == 5
+    assert t.counts["dropped_stale_versions"] == 1 and t.counts["dropped_stale_hours"] == 1
+    # not published (a canary runs): the next step treats every sample as off-policy
+    assert t.dirty and t.current_version == 6
+
+
+def test_replay_mixes_in_trained_units_within_retention() -> None:
+    now = [0.0]
+    t, rec = _trainer(now, train_batch=2, replay_fraction=1.0, retention_hours=1.0)
+
+    async def main() -> None:
+        for k in range(3):
+            t.add_feedback(_sample(f"a{k}", 1.0, prompt=(k, 1)), f"c{k}", None, now[0])
+            t.add_feedback(_sample(f"b{k}", 0.0, prompt=(k, 2)), f"c{k}", None, now[0])
+            await t.step_once()
+            now[0] += 1500  # 25 minutes
+
+    asyncio.run(main())
+    ids = [[s.id for s in c[0]] for c in rec.calls]
+    assert ids[0] == ["a0", "b0"]
+    assert ids[1][:2] == ["a1", "b1"] and set(ids[1][2:]) == {"a0", "b0"}
+    # at the third step the first batch is 50 minutes old and the second 25: retention keeps both (< 1 h)
+    assert set(ids[2][2:]) <= {"a0", "b0", "a1", "b1"} and len(ids[2]) == 4
+    assert t.counts["replayed_samples"] == 4
+
+
+def test_deleted_conversations_and_tenants_leave_no_pending_or_replayed_sample() -> None:
+    now = [0.0]
+    t, rec = _trainer(now, train_batch=2, replay_fraction=1.0)
+
+    async def main() -> None:
+        t.add_feedback(_sample("keep1", 1.0, prompt=(1,)), "keep", "tn-keep", now[0])
+        t.add_feedback(_sample("gone1", 0.0, prompt=(2,)), "gone", "tn-gone", now[0])
+        await t.step_once()  # both trained, now in the replay buffer
+        t.add_group(LiveGroup("g", "gone", "tn-gone", [_sample("gone2", 1.0), _sample("gone3", 0.0)]))
+        t.add_feedback(_sample("other", 1.0, prompt=(3,)), "other", "tn-gone", now[0])
+        assert t.forget(conversation="gone") == 3  # one replayable + a pending group of two
+        assert t.forget(tenant="tn-gone") == 1
+        t.add_feedback(_sample("keep2", 1.0, prompt=(4,)), "keep", "tn-keep", now[0])
+        t.add_feedback(_sample("keep3", 0.0, prompt=(5,)), "keep", "tn-keep", now[0])
+        await t.step_once()
+
+    asyncio.run(main())
+    trained = {s.id for c in rec.calls[1:] for s in c[0]}
+    assert trained == {"keep2", "keep3", "keep1"} and t.counts["dropped_deleted"] == 4
+
+
+def test_the_pending_queue_is_bounded() -> None:
+    now = [0.0]
+    t, _ = _trainer(now, pending_limit=3)
+    for k in range(5):
+        t.add_feedback(_sample(f"f{k}", 1.0), "c", None, now[0])
+    assert t.pending_samples == 3 and t.counts["dropped_overflow"] == 2
