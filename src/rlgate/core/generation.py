@@ -149,6 +149,9 @@ class GenerationService:
         self.reasoning_parser = (
             self.family.reasoning_parser if config.reasoning_parser == "auto" else config.reasoning_parser
         )
+        # Called with each completed (recorded, not failed) turn, on the event loop, before its final event
+        # is sent; must not block (online training starts its live groups here: online/groups.py).
+        self.completed_listeners: list[Callable[[Prepared], None]] = []
         # Interaction ids: 128 random bits each, from a generator seeded by the OS once (uuid4
         # asked the OS for every id: a syscall per request). Ids name turns; they grant nothing.
         self._ids = random.Random(os.urandom(32))
@@ -520,6 +523,8 @@ class GenerationService:
                 self.sessions.fail_interaction(p.session, inter, _superseded(inter.superseded_by))
             else:
                 self.sessions.complete_interaction(p.session, inter)
+                for listener in self.completed_listeners:
+                    listener(p)
         log.debug("session %s turn %s: %s, %d prompt + %d generated tokens, finish %s (%s)", p.session.id,
                   p.interaction_id, inter.relation if inter is not None else "-", len(p.prompt_ids), kept, finish,
                   stop_kind)

@@ -2,7 +2,7 @@
 
 For a fraction ``group_fraction`` of completed replies, :class:`LiveGroups` samples ``group_size - 1``
 more replies to exactly the same prompt token ids with the same sampling parameters (each with
-its own seed), on the same version (the engine routes them by the user's conversation), scores the
+its own seed), on the same version (the engine routes them by the user's session), scores the
 ``k`` replies -- the user's and the extras -- with one reward function or judge, and hands the
 trainer a :class:`LiveGroup`: k samples of one prompt with rewards, a proper GRPO group.
 
@@ -172,7 +172,7 @@ class LiveGroups:
         try:
             requests = [GenerateRequest(list(inter.prompt_ids),
                                         dataclasses.replace(sampling, seed=self.rng.getrandbits(63)),
-                                        request_id=f"{inter.id}-group{j}", session_id=conversation)
+                                        request_id=f"{inter.id}-group{j}", session_id=inter.session_id)
                         for j in range(1, self.options.group_size)]
             results: list[GenerateResult] = await asyncio.gather(*(self.engine.generate(r) for r in requests))
             used = sum(len(r.output_ids) for r in results)

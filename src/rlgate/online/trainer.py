@@ -83,6 +83,7 @@ class OnlineTrainer:
         self.replay: deque[Unit] = deque()
         self.counts: Counter[str] = Counter({k: 0 for k in COUNTS})
         self.last_step: dict[str, float] = {}  # metrics of the last step (staleness included)
+        self._epoch = 0  # bumped by reset(): a step that ran across a revert leaves nothing to publish
         self._wake = asyncio.Event()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-online-train")
 
@@ -213,8 +214,9 @@ class OnlineTrainer:
         metrics: dict[str, float] = {}
         if samples:
             loop = asyncio.get_running_loop()
+            epoch = self._epoch
             metrics = await loop.run_in_executor(self._pool, self.stepper.step, samples, gids, version)
-            self.dirty = True
+            self.dirty = self.dirty or epoch == self._epoch
         self.counts["steps"] += 1
         self.counts["trained_samples"] += sum(len(u.samples) for u in fresh)
         self.counts["replayed_samples"] += sum(len(u.samples) for u in replayed)
@@ -241,8 +243,9 @@ class OnlineTrainer:
         return v
 
     def reset(self, version: int) -> None:
-        """The trainer's weights were set back to ``version`` (a rolled-back canary)."""
+        """The trainer's weights are set back to ``version`` (a rolled-back canary) before its next step."""
         self.version, self.dirty = version, False
+        self._epoch += 1
 
     async def run(self) -> None:
         """Step whenever a batch is ready, until cancelled."""

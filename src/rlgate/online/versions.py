@@ -22,7 +22,7 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
-from rlgate.engine.base import Engine, GenerateRequest, GenerateResult, StreamingEngineMixin, TokenDelta
+from rlgate.engine.base import Engine, EngineError, GenerateRequest, GenerateResult, StreamingEngineMixin, TokenDelta
 from rlgate.engine.capabilities import VersionRestorable
 from rlgate.online.canary import Canary, Decision
 
@@ -79,7 +79,8 @@ class TwoSlotEngine(StreamingEngineMixin):
         version = max(v for v in (*self.versions, self.canary.stable_version) if v is not None) + 1
         started = await self.load_candidate(version, lambda e: e.update_weights_from_path(path))
         if not started:
-            raise RuntimeError("a canary is still running or its slot still serves active conversations")
+            raise EngineError("a canary is still running, or the spare weights slot still serves active "
+                              "conversations: promote or roll back first (/rl/canary)", status=409, code="canary_busy")
         return version
 
     async def start(self) -> None:

@@ -1,0 +1,113 @@
+"""The torch side of online training: the GRPO trainer, candidates for the canary, reverts.
+
+:class:`OnlinePolicy` is the :class:`~rlgate.online.trainer.Stepper` the continuous trainer
+(``online/trainer.py``) steps: it holds the existing :class:`~rlgate.train.grpo.GRPOTrainer` on its
+own copy of the model (nothing forked: the same advantages, decoupled-PPO loss and importance
+correction as ``rlgate train``), publishes the trainer's weights into the spare engine slot as the
+next canary candidate (``online/versions.py``), and when the canary rolls a candidate back it sets
+the trainer's weights back to the stable version's and clears the optimiser's moments, on the
+training thread before the next step (never under a step in flight).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from rlgate.engine.base import Engine
+from rlgate.online.canary import Decision
+from rlgate.online.trainer import OnlineTrainer
+from rlgate.online.versions import TwoSlotEngine
+from rlgate.train.config import GRPOConfig
+from rlgate.train.grpo import GRPOTrainer
+from rlgate.train.policy import serving_state_dict
+from rlgate.trajectory.sample import Sample
+
+log = logging.getLogger("rlgate.train.online")
+
+
+@runtime_checkable
+class StateDictLoadable(Protocol):
+    """An engine that takes weights from memory (the local engine): no checkpoint on disk per candidate."""
+
+    async def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        ...
+
+
+def _clone(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+class OnlinePolicy:
+    """GRPO steps for the continuous trainer + candidates for the two-slot engine (module docstring)."""
+
+    def __init__(self, model: Any, config: GRPOConfig, engines: TwoSlotEngine) -> None:
+        self.trainer = GRPOTrainer(model, config)
+        self.engines = engines
+        self.canary = engines.canary
+        self._versions = itertools.count(max(v for v in (*engines.versions, self.canary.stable_version)
+                                             if v is not None) + 1)
+        self._states: dict[int, dict[str, torch.Tensor]] = {
+            self.canary.stable_version: _clone(self.trainer.model.state_dict())}
+        self._revert_to: int | None = None
+        self.online: OnlineTrainer | None = None  # set by attach(); reset on a rollback
+        self.canary.listeners.append(self._on_decision)
+
+    def attach(self, online: OnlineTrainer) -> None:
+        self.online = online
+
+    # ------------------------------------------------------------------ Stepper
+
+    def step(self, samples: list[Sample], group_ids: list[str], current_version: int) -> dict[str, float]:
+        """One GRPO step (training thread); a pending revert is applied first."""
+        target = self._revert_to
+        if target is not None:
+            self._revert_to = None
+            self._revert(target)
+        return self.trainer.step(samples, group_ids, current_version)
+
+    def _revert(self, version: int) -> None:
+        state = self._states.get(version)
+        if state is None:
+            log.error("no weights kept for version %d: the trainer goes on from its own", version)
+            return
+        self.trainer.model.load_state_dict(state)
+        self.trainer.optimizer.state.clear()
+        log.warning("online trainer: weights set back to version %d (its candidate was rolled back)", version)
+
+    # ------------------------------------------------------------------ candidates
+
+    async def publish(self) -> int | None:
+        """The trainer's weights as the next canary candidate (None: the spare slot is busy)."""
+        if not self.engines.can_load():
+            return None
+        version = next(self._versions)
+        state = _clone(serving_state_dict(self.trainer.model))
+
+        async def load(engine: Engine) -> None:
+            if not isinstance(engine, StateDictLoadable):
+                raise TypeError(f"{type(engine).__name__} cannot load weights from memory: online training "
+                                "with it needs a checkpoint directory per candidate (not built yet)")
+            await engine.update_weights_from_state_dict(state)
+
+        if not await self.engines.load_candidate(version, load):
+            return None
+        self._states[version] = state
+        return version
+
+    def _on_decision(self, d: Decision) -> None:
+        if d.action == "promote":
+            for v in list(self._states):
+                if v != d.version:
+                    del self._states[v]  # only the stable weights are kept for a revert
+        elif d.action == "rollback":
+            self._states.pop(d.version, None)
+            self._revert_to = self.canary.stable_version
+            if self.online is not None:
+                self.online.reset(self.canary.stable_version)
+        if self.online is not None:
+            self.online.poke()
