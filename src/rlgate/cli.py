@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rlgate.config import STALE_LAG, ClusterConfig, GatewayConfig, add_arguments, from_arguments, option
+from rlgate.config import STALE_LAG, ClusterConfig, GatewayConfig, OnlineConfig, add_arguments, from_arguments, option
 from rlgate.secret_files import write_secret_file
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -82,6 +82,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_arguments(p.add_argument_group("engine"), EngineOptions)
     add_arguments(p.add_argument_group("remote engines (--engine sglang | vllm)"), RemoteOptions)
     add_arguments(p.add_argument_group("store"), StoreOptions)
+    add_arguments(p.add_argument_group("online: real traffic, tenants, feedback (see docs/online.md)"), OnlineConfig)
     add_arguments(p.add_argument_group("replicas on Ray (see docs/scale-out.md)"), ClusterConfig)
 
 
@@ -147,7 +148,8 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         raise SystemExit(f"rlgate: {exc}") from exc
     logging.getLogger("rlgate").info("store: %s", getattr(store, "path", ":memory: (nothing is persisted)"))
     try:
-        app = create_app(config, engine, store, tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model))
+        app = create_app(config, engine, store, tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model),
+                         online=from_arguments(OnlineConfig, args))
     except (StoreError, ValueError) as exc:  # the store file could not be loaded; an unknown --renderer / parser
         store.close()
         raise SystemExit(f"rlgate: {exc}") from exc
@@ -235,6 +237,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.model_name is None:
             args.model_name = Path(args.model).resolve().name
         args.model = str(merged_lora(Path(args.model)))
+    if args.online and args.replicas > 0:
+        raise SystemExit("rlgate: --online serves one gateway (its tenants and feedback live in its store); "
+                         "it does not run with --replicas yet")
     if args.chat_template is not None and args.replicas > 0:
         raise SystemExit("rlgate: --chat-template is not passed to --replicas yet: save the template as "
                          f"{Path(args.model) / 'chat_template.jinja'} instead")
@@ -394,13 +399,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from rlgate.demo.scripted import run_scripted_demo
 
         return run_scripted_demo(Path(args.out), seed=args.seed)
+    if args.device != "cpu":
+        from rlgate.demo.device import check_device
+
+        check_device(args.device)  # refused in one line before anything loads
     if args.model != "tiny":
-        if args.task != "math" or args.metrics_port is not None or args.pushgateway or \
-                args.gateway_metrics_port is not None:
-            raise SystemExit("rlgate demo: --task tools and the metrics flags run on the tiny model (--model tiny)")
+        if args.metrics_port is not None or args.pushgateway or args.gateway_metrics_port is not None:
+            raise SystemExit("rlgate demo: the metrics flags run on the tiny model (--model tiny)")
+        if args.task == "tools":
+            from rlgate.demo.real_tools import run_real_tools_demo
+
+            return run_real_tools_demo(Path(args.out), model=args.model, seed=args.seed, steps=args.steps,
+                                       port=args.port, device=args.device)
         from rlgate.demo.real import run_real_demo
 
-        return run_real_demo(Path(args.out), model=args.model, seed=args.seed, steps=args.steps, port=args.port)
+        return run_real_demo(Path(args.out), model=args.model, seed=args.seed, steps=args.steps, port=args.port,
+                             device=args.device)
+    if args.device != "cpu":
+        raise SystemExit("rlgate demo: --device runs a real model (the tiny model trains on the CPU)")
     from rlgate.demo.rl import run_demo
 
     return run_demo(Path(args.out), task=args.task, seed=args.seed, steps=args.steps, port=args.port,
@@ -516,7 +532,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="the policy: a real model (`rlgate models list`, a .gguf file or a checkpoint directory; "
                    "fetched with `rlgate models fetch NAME` first), or 'tiny' (the random-weight model the tests "
                    "use, with a supervised warm start)")
-    p.add_argument("--task", choices=["math", "tools"], default="math")
+    p.add_argument("--task", choices=["math", "tools"], default="math",
+                   help="math: which number is larger / smaller; tools: a calculator tool, multi-turn "
+                   "(on a real model: 3-digit products after a short warm start on the tool-call format)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where a real model is served and "
+                   "trained (cuda is refused in one line when torch sees no CUDA device)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the task's tuned value)")
     p.add_argument("--scripted", action="store_true", help="only a short scripted session, no training")

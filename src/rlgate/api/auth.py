@@ -1,4 +1,5 @@
-"""Who is calling: the admin key (control routes) or a session key (generation, rewards).
+"""Who is calling: the admin key (control routes), a session key (generation, rewards) or, with
+``rlgate serve --online``, a tenant key (generation, feedback, its own data).
 
 Tokens come from ``Authorization: Bearer <t>`` (scheme case-insensitive) or
 ``x-api-key`` (what the Anthropic SDK sends). Missing -> 401. Admin routes: any other
@@ -18,11 +19,15 @@ from starlette.requests import Request
 
 from rlgate.core.sessions import SessionManager
 from rlgate.errors import AuthenticationFailed, GatewayError, PermissionDenied
+from rlgate.online.tenants import Tenant, TenantKeys
+from rlgate.surfaces import surface_for
 from rlgate.trajectory.interaction import Session
 
 # Routes only the admin key may call: a wrong token gets 403 there (401 elsewhere).
 ADMIN_ONLY_PATHS = frozenset({"/grant_capacity", "/rl/start_session", "/export_trajectories", "/rl/collect",
                               "/rl/update_weights", "/rl/metrics", "/metrics"})
+# What a tenant key may reach (rlgate serve --online): the API surfaces and these (api/online/router.py).
+TENANT_PATHS = frozenset({"/v1/feedback", "/v1/data/delete"})
 # Routes that authenticate from their body or a cookie (the viewer's login form): the early gate
 # leaves them to their own checks (their bodies are small and bounded by the body limit).
 OWN_AUTH_PREFIXES = ("/ui/",)
@@ -67,9 +72,15 @@ def require_admin(request: Request) -> None:
 # Where the early gate (server/auth_gate.py) leaves the session it found for the request's key:
 # the route then neither parses the headers nor hashes the key again.
 AUTHENTICATED_SESSION = "rlgate.session"
+# ... and the tenant it found for a tenant key (rlgate serve --online): the route's session is then the
+# tenant's conversation's (online/conversations.py).
+AUTHENTICATED_TENANT = "rlgate.tenant"
 
 
 def session_from_request(request: Request) -> Session:
+    tenant = request.scope.get(AUTHENTICATED_TENANT)
+    if tenant is not None:
+        return request.app.state.online.session_for(tenant, request.headers)
     sessions = request.app.state.gateway.sessions
     found = request.scope.get(AUTHENTICATED_SESSION)
     if found is not None and sessions.sessions.get(found.id) is found:  # still held (not exported meanwhile)
@@ -100,3 +111,17 @@ def authenticate_early(
         if path in ADMIN_ONLY_PATHS:
             return None, PermissionDenied("this route needs the admin key")
         return None, exc
+
+
+def authenticate_tenant(path: str, headers: Mapping[str, str],
+                        tenants: TenantKeys) -> tuple[Tenant | None, GatewayError | None]:
+    """For a key that is neither the admin's nor a session's (``rlgate serve --online``): ``(tenant,
+    None)`` for a tenant key on a route tenants may use, ``(None, 403)`` for a tenant key elsewhere,
+    ``(None, None)`` for a key that is no tenant's either."""
+    token = token_from_headers(headers)
+    tenant = tenants.identify(token) if token is not None else None
+    if tenant is None:
+        return None, None
+    if surface_for(path) is None and path not in TENANT_PATHS:
+        return None, PermissionDenied("a tenant key reaches the API surfaces, /v1/feedback and /v1/data/delete only")
+    return tenant, None

@@ -19,6 +19,7 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rlgate.config import GatewayConfig
@@ -89,6 +90,8 @@ class SessionManager:
         # ended / interrupted sessions not exported yet, oldest first (for collect())
         self._finished: dict[str, None] = {}
         self._finished_changed: asyncio.Event | None = None
+        # applied to every exported sample (None: withheld); rlgate serve --online --redaction-hook
+        self.redact: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
 
     # ------------------------------------------------------------------ restart
 
@@ -400,6 +403,8 @@ class SessionManager:
         samples, stats = export_samples(list(session.interactions.values()), style=style, discount=discount,
                                         task_id=session.task_id)
         interactions = [s.to_dict() for s in samples]
+        if self.redact is not None:
+            interactions = [r for r in map(self.redact, interactions) if r is not None]
         if not keep:  # a kept export is a look (e.g. a reward function's, before rewards): counted once, at the end
             self.gateway_metrics.record_export(interactions, stats, style, current_version)
         response = {
@@ -472,6 +477,45 @@ class SessionManager:
             except NotFound:  # another collector took it meanwhile
                 continue
         return out
+
+    # ------------------------------------------------------------------ data deletion (online/rights.py)
+
+    def delete_session(self, session: Session) -> None:
+        """Forget a session and its interactions, in memory and in the store; its key stops working."""
+        held = self.sessions.get(session.id) is session
+        if held:
+            del self.sessions[session.id]
+        mapped = self._by_key.get(session.key_hash) == session.id
+        if mapped:
+            del self._by_key[session.key_hash]
+        finished = self._finished.pop(session.id, 0) is None
+        self.rate_limiter.forget(session.id)
+        self.store.delete_session(session.id)
+
+        def undo() -> None:  # not deleted from the store: keep it reachable in memory too
+            if held:
+                self.sessions[session.id] = session
+            if mapped:
+                self._by_key[session.key_hash] = session.id
+            if finished:
+                self._finished[session.id] = None
+
+        on_write_failure(undo)
+        log.info("session %s deleted", session.id)
+
+    def forget_interactions(self, session: Session, interaction_ids: list[str]) -> None:
+        """Drop these interactions (a whole tree: none is the parent of one kept) from the session in
+        memory; the caller deletes their rows."""
+        gone = set(interaction_ids)
+        for iid in gone:
+            session.interactions.pop(iid, None)
+        for key, ids in list(session.prefix_index.items()):
+            kept = [i for i in ids if i not in gone]
+            if kept:
+                session.prefix_index[key] = kept
+            else:
+                del session.prefix_index[key]
+        session.digest_memo.clear()
 
     # ------------------------------------------------------------------ housekeeping
 

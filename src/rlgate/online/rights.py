@@ -18,7 +18,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Deletion", "DeletionNotifier"]
+from rlgate.core.sessions import SessionManager
+from rlgate.errors import Conflict
+from rlgate.online.conversations import Conversations
+from rlgate.online.implicit import ImplicitSignals
+from rlgate.online.scoped import ScopedOnlineRecords
+from rlgate.trajectory.interaction import Interaction, Session
+
+__all__ = ["DataRights", "Deletion", "DeletionNotifier"]
 
 log = logging.getLogger("rlgate.online.rights")
 
@@ -57,3 +64,61 @@ class DeletionNotifier:
                 callback(deletion)
             except Exception:  # noqa: BLE001 - one subscriber's bug must not stop the others' deletion
                 log.exception("a deletion subscriber failed (tenant %s)", deletion.tenant)
+
+
+class DataRights:
+    """Deletes a conversation's or a tenant's data (see the module docstring)."""
+
+    def __init__(self, sessions: SessionManager, conversations: Conversations, records: ScopedOnlineRecords,
+                 implicit: ImplicitSignals | None = None) -> None:
+        self.sessions = sessions
+        self.conversations = conversations
+        self.records = records
+        self.implicit = implicit
+        self.notifier = DeletionNotifier()
+        self.deleted = {"conversations": 0, "tenants": 0, "sessions": 0, "turns": 0}
+
+    def delete_conversation(self, tenant: str, conversation_id: str, *, reason: str = "request") -> Deletion:
+        found = self.conversations.turns_of(tenant, conversation_id)
+        deletion = self._delete(tenant, found, {conversation_id}, reason=reason, whole_tenant=False)
+        self.records.delete_feedback(tenant=tenant, conversation_id=conversation_id)
+        self.deleted["conversations"] += 1
+        self.notifier.notify(deletion)
+        return deletion
+
+    def delete_tenant_data(self, tenant: str, *, reason: str = "request") -> Deletion:
+        found = [(s, list(s.interactions.values())) for s in self.conversations.sessions_of(tenant)]
+        conversations = {self.conversations.conversation_of(s, i) for s, turns in found for i in turns}
+        deletion = self._delete(tenant, found, conversations, reason=reason, whole_tenant=True)
+        self.records.delete_feedback(tenant=tenant)
+        self.deleted["tenants"] += 1
+        self.notifier.notify(deletion)
+        return deletion
+
+    def _delete(self, tenant: str, found: list[tuple[Session, list[Interaction]]], conversations: set[str], *,
+                reason: str, whole_tenant: bool) -> Deletion:
+        busy = [s.id for s, _ in found if s.in_flight]
+        if busy:  # a reply still being generated would be written after the deletion
+            raise Conflict("a turn of this data is being generated right now; retry once it is answered",
+                           code="generation_in_flight")
+        session_ids, turn_ids = [], []
+        for session, turns in found:
+            ids = [i.id for i in turns]
+            turn_ids += ids
+            if len(ids) == len(session.interactions):  # the whole session (a named conversation, or all of it)
+                self.sessions.delete_session(session)
+                self.conversations.forget(session)
+                session_ids.append(session.id)
+                if self.implicit is not None:
+                    self.implicit.forget(session.id)
+            else:  # trees of the tenant's shared session
+                self.sessions.forget_interactions(session, ids)
+                self.records.delete_interactions(session.id, ids)
+                if self.implicit is not None:
+                    self.implicit.forget(session.id, conversations)
+        self.deleted["sessions"] += len(session_ids)
+        self.deleted["turns"] += len(turn_ids)
+        log.info("deleted (%s) tenant %s: %d conversations, %d sessions, %d turns", reason, tenant,
+                 len(conversations), len(session_ids), len(turn_ids))
+        return Deletion(tenant, tuple(sorted(conversations)), tuple(session_ids), tuple(turn_ids), reason,
+                        whole_tenant)

@@ -27,7 +27,7 @@ from rlgate.api.error_handlers import install_error_handlers
 from rlgate.api.openai_chat import router as chat
 from rlgate.api.openai_responses import router as responses
 from rlgate.api.openapi import install_openapi
-from rlgate.config import GatewayConfig
+from rlgate.config import GatewayConfig, OnlineConfig
 from rlgate.core.gateway import Gateway
 from rlgate.core.generation import GenerationService
 from rlgate.core.naming import SessionNaming
@@ -35,6 +35,7 @@ from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine
 from rlgate.engine.capabilities import HasStats, QueueWaitObservable
 from rlgate.metrics.gateway import GatewayMetrics
+from rlgate.online.service import OnlineGateway
 from rlgate.server.auth_gate import AuthGateMiddleware
 from rlgate.server.body_limit import BodyLimitMiddleware
 from rlgate.server.durability import DurabilityMiddleware
@@ -122,9 +123,11 @@ def create_app(
     *,
     stop_token_ids: list[int] | None = None,
     naming: SessionNaming | None = None,
+    online: OnlineConfig | None = None,
 ) -> FastAPI:
     """``naming``: how session keys and ids are made (default: random keys, ``{task_id}-{k}``
-    ids; gateway replicas behind a router pass one whose keys name the replica)."""
+    ids; gateway replicas behind a router pass one whose keys name the replica). ``online``: serve
+    real traffic when ``online.online`` is on (tenants, feedback, data rights: docs/online.md)."""
     metrics = GatewayMetrics(config)
     sessions = SessionManager(config, store, naming, metrics)
     sessions.restore()
@@ -139,12 +142,16 @@ def create_app(
     gateway = Gateway(config, engine, store, tokenizer, sessions, generation, time.time())
     _bind_metrics(metrics, sessions, engine, store)
     inflight = InFlight()
+    online_state = _online_state(online, sessions, store, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         sweeper = asyncio.create_task(_sweep_forever(sessions, config.sweep_interval))
         poller = asyncio.create_task(_poll_guards_forever(metrics, config.guard_poll_interval))
+        background = [sweeper, poller]
+        if online_state is not None:  # implicit feedback and retention (online/service.py)
+            background.append(asyncio.create_task(online_state.run()))
         side = MetricsServer(metrics.registry, config.metrics_host, config.metrics_port) \
             if config.metrics_port is not None else None
         try:
@@ -155,9 +162,9 @@ def create_app(
             # (aborts what is still generating, which records those interactions); then flush and
             # close the store.
             sessions.accepting = False
-            for task in (sweeper, poller):
+            for task in background:
                 task.cancel()
-            await asyncio.wait([sweeper, poller])  # their end, not their outcome (a cancelled shutdown still raises)
+            await asyncio.wait(background)  # their end, not their outcome (a cancelled shutdown still raises)
             if side is not None:
                 await asyncio.to_thread(side.stop)
             if not await inflight.drain(DRAIN_TIMEOUT_S):
@@ -173,6 +180,7 @@ def create_app(
                   description="RL gateway: OpenAI / Anthropic APIs served token-in/token-out by the training policy.",
                   default_response_class=JsonResponse, **_NO_NATIVE_TELEMETRY)
     app.state.gateway = gateway
+    app.state.online = online_state
     install_error_handlers(app)
 
     body_models: list[type[BaseModel]] = []
@@ -180,6 +188,10 @@ def create_app(
         add_routes(app, surface.router, plain=True)
         body_models += surface.BODY_MODELS
     add_routes(app, control.router)
+    if online_state is not None:
+        from rlgate.api.online.router import router as online_router
+
+        add_routes(app, online_router)
     install_openapi(app, body_models)
     if config.ui:  # the trajectory viewer (off by default; admin only, see ui/auth.py)
         from rlgate.ui.auth import UiLogins
@@ -197,7 +209,8 @@ def create_app(
     app.add_middleware(DurabilityMiddleware, store=store)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, body_timeout=config.body_timeout,
                        max_buffered_bytes=config.max_buffered_body_bytes)
-    app.add_middleware(AuthGateMiddleware, sessions=sessions, limiter=sessions.rate_limiter)
+    app.add_middleware(AuthGateMiddleware, sessions=sessions, limiter=sessions.rate_limiter,
+                       tenants=online_state.tenants if online_state is not None else None)
     if config.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -218,6 +231,18 @@ def _bind_metrics(metrics: GatewayMetrics, sessions: SessionManager, engine: Eng
         engine.on_queue_wait = metrics.queue_seconds.observe
     if isinstance(store, HasWriteStats):  # SQLiteStore: writes and failed writes
         metrics.bind(store_stats=lambda: store.stats)
+
+
+def _online_state(online: OnlineConfig | None, sessions: SessionManager, store: Store,
+                  metrics: GatewayMetrics) -> OnlineGateway | None:
+    if online is None or not online.online:
+        return None
+    from rlgate.metrics.feedback import FeedbackMetrics
+    from rlgate.store.online import OnlineRecords
+
+    if not isinstance(store, OnlineRecords):
+        raise ValueError(f"--online: the store {type(store).__name__} keeps no tenants or feedback")
+    return OnlineGateway.build(online, sessions, store, FeedbackMetrics(metrics.registry))
 
 
 async def _poll_guards_forever(metrics: GatewayMetrics, interval: float) -> None:

@@ -25,10 +25,11 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from rlgate.api.auth import AUTHENTICATED_SESSION, authenticate_early
+from rlgate.api.auth import AUTHENTICATED_SESSION, AUTHENTICATED_TENANT, authenticate_early, authenticate_tenant
 from rlgate.core.rate_limit import RateLimiter
 from rlgate.core.sessions import SessionManager
 from rlgate.errors import GatewayError
+from rlgate.online.tenants import TenantKeys
 from rlgate.server.asgi_errors import refuse_unread
 from rlgate.server.body_limit import BODY_METHODS
 
@@ -57,12 +58,24 @@ class KeyGate:
         await self.app(scope, receive, send)
 
 
-def gateway_gate(sessions: SessionManager, limiter: RateLimiter) -> Decide:
-    """The gateway's decision: a live session key (within its rate limit), the admin key, or a
-    route with its own authentication (the viewer's login form)."""
+def gateway_gate(sessions: SessionManager, limiter: RateLimiter, tenants: TenantKeys | None = None) -> Decide:
+    """The gateway's decision: a live session key (within its rate limit), the admin key, a route
+    with its own authentication (the viewer's login form), or (``tenants``: ``rlgate serve --online``)
+    a tenant key on a route tenants may use (within the tenant's rate limit)."""
 
     async def decide(scope: dict[str, Any]) -> GatewayError | None:
-        session, error = authenticate_early(scope.get("path", ""), Headers(scope=scope), sessions)
+        headers = Headers(scope=scope)
+        session, error = authenticate_early(scope.get("path", ""), headers, sessions)
+        if error is not None and tenants is not None:
+            tenant, refused = authenticate_tenant(scope.get("path", ""), headers, tenants)
+            if tenant is not None:
+                try:
+                    limiter.take(tenant.id)
+                except GatewayError as exc:
+                    return exc
+                scope[AUTHENTICATED_TENANT] = tenant  # the route's session_from_request takes it
+                return None
+            error = refused or error
         if error is not None:
             return error
         if session is not None:
@@ -79,5 +92,6 @@ def gateway_gate(sessions: SessionManager, limiter: RateLimiter) -> Decide:
 class AuthGateMiddleware(KeyGate):
     """The gateway's gate (``app.add_middleware(AuthGateMiddleware, sessions=..., limiter=...)``)."""
 
-    def __init__(self, app: Any, sessions: SessionManager, limiter: RateLimiter) -> None:
-        super().__init__(app, gateway_gate(sessions, limiter))
+    def __init__(self, app: Any, sessions: SessionManager, limiter: RateLimiter,
+                 tenants: TenantKeys | None = None) -> None:
+        super().__init__(app, gateway_gate(sessions, limiter, tenants))

@@ -1,0 +1,1 @@
+"""The online routes (``rlgate serve --online``): tenants, feedback, data deletion (``router.py``)."""

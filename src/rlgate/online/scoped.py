@@ -1,0 +1,61 @@
+"""The online records as requests write them: each write joins the request's durability barrier.
+
+The online counterpart of ``core/request_scope.py``'s ``ScopedStore``: the online state holds only
+this wrapper, so no tenant, feedback or deletion write can be answered 2xx before it is durable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rlgate.core.request_scope import current_scope
+from rlgate.online.feedback import FeedbackEvent, FeedbackPage
+from rlgate.online.tenants import Tenant
+from rlgate.store.online import OnlineRecords
+
+__all__ = ["ScopedOnlineRecords"]
+
+
+def _noted(seq: int) -> int:
+    scope = current_scope()
+    if scope is not None and seq:
+        scope.writes.append(seq)
+    return seq
+
+
+class ScopedOnlineRecords:
+    """:class:`~rlgate.store.online.OnlineRecords` whose writes are recorded in the current request's scope."""
+
+    def __init__(self, inner: OnlineRecords) -> None:
+        self.inner = inner
+
+    def save_tenant(self, tenant: Tenant) -> int:
+        return _noted(self.inner.save_tenant(tenant))
+
+    def load_tenants(self) -> list[Tenant]:
+        return self.inner.load_tenants()
+
+    def delete_tenant(self, tenant_id: str) -> int:
+        return _noted(self.inner.delete_tenant(tenant_id))
+
+    def add_feedback(self, event: FeedbackEvent) -> int:
+        return _noted(self.inner.add_feedback(event))
+
+    def list_feedback(self, *, tenant: str | None = None, conversation_id: str | None = None,
+                      interaction_id: str | None = None, after: int = 0, limit: int = 1000) -> FeedbackPage:
+        return self.inner.list_feedback(tenant=tenant, conversation_id=conversation_id,
+                                        interaction_id=interaction_id, after=after, limit=limit)
+
+    def count_feedback(self, *, tenant: str, conversation_id: str | None = None,
+                       interaction_id: str | None = None) -> int:
+        return self.inner.count_feedback(tenant=tenant, conversation_id=conversation_id,
+                                         interaction_id=interaction_id)
+
+    def delete_feedback(self, *, tenant: str, conversation_id: str | None = None) -> int:
+        return _noted(self.inner.delete_feedback(tenant=tenant, conversation_id=conversation_id))
+
+    def purge_feedback(self, before: float) -> int:
+        return _noted(self.inner.purge_feedback(before))
+
+    def delete_interactions(self, session_id: str, interaction_ids: Sequence[str]) -> int:
+        return _noted(self.inner.delete_interactions(session_id, interaction_ids))

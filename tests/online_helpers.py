@@ -1,0 +1,41 @@
+"""Helpers of the online tests (``rlgate serve --online``): an app with tenants, and requests as a tenant."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from helpers import ADMIN_KEY, admin_headers
+
+
+def online_app(tokenizer, stop_ids, store=None, **online: Any):
+    """A gateway app with ``OnlineConfig(online=True, **online)`` on the fake engine."""
+    from rlgate.config import GatewayConfig, OnlineConfig
+    from rlgate.engine.fake import FakeEngine
+    from rlgate.server.app import create_app
+    from rlgate.store.base import MemoryStore
+
+    return create_app(GatewayConfig(admin_key=ADMIN_KEY), FakeEngine(tokenizer), store or MemoryStore(), tokenizer,
+                      stop_token_ids=stop_ids, online=OnlineConfig(online=True, **online))
+
+
+async def new_tenant(client, name: str = "acme") -> tuple[str, dict[str, str]]:
+    """(tenant id, its request headers)."""
+    r = await client.post("/v1/tenants", json={"name": name}, headers=admin_headers())
+    assert r.status_code == 200, r.text
+    return r.json()["id"], {"Authorization": f"Bearer {r.json()['api_key']}"}
+
+
+async def chat(client, headers: dict[str, str], messages: list[dict[str, Any]], conversation: str | None = None) -> str:
+    """One chat turn as a tenant; returns the response id."""
+    extra = {"X-Conversation-Id": conversation} if conversation else {}
+    r = await client.post("/v1/chat/completions", json={"model": "m", "messages": messages, "max_tokens": 4},
+                          headers={**headers, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()["id"]
+
+
+def reply_of(app, turn_id: str) -> dict[str, Any]:
+    """The assistant message a turn answered (as a client would send it back)."""
+    found = app.state.online.conversations.find_turn(None, turn_id)
+    assert found is not None
+    return {"role": "assistant", "content": found[1].output_message.text}
