@@ -53,6 +53,8 @@ class GRPOConfig(_Strict):
         default=64, ge=0, description="that many dropped groups in a row stop the run (0: never)")
     pad_token_id: int = Field(default=0, ge=0, description="padding id for batching")
     device: str | None = Field(default=None, description="trainer device; None: cuda if available else cpu")
+    trim_logits: bool = Field(default=True, description="compute logits (and their log-softmax) only from the "
+                              "position before the earliest generated token on, not over the whole prompt")
 
 
 class LoraSettings(_Strict):

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import inspect
 import logging
 import math
 import time
@@ -51,7 +52,7 @@ import torch
 from rlgate.rollout.errors import RunError
 from rlgate.rollout.runner import Allowance, Group, RolloutRunner
 from rlgate.train.config import GRPOConfig
-from rlgate.train.loss import group_advantages, kl_penalty, policy_loss, token_logprobs
+from rlgate.train.loss import group_advantages, kl_penalty, logits_to_keep, policy_loss, token_logprobs
 from rlgate.train.sync import WeightSync
 from rlgate.trajectory.export import to_padded_tensors
 from rlgate.trajectory.sample import Sample
@@ -121,12 +122,17 @@ class GRPOTrainer:
 
     def _forward_logprobs(self, model: Any, batch: dict[str, torch.Tensor], temps: torch.Tensor,
                           entropy: list[torch.Tensor] | None = None) -> torch.Tensor:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long()).logits
+        kwargs: dict[str, Any] = {}
+        keep = logits_to_keep(batch["loss_mask"])
+        if self.config.trim_logits and keep < batch["input_ids"].shape[1] and _takes_logits_to_keep(model):
+            kwargs["logits_to_keep"] = keep  # the prompt's logits (and their log-softmax) are never computed
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long(), **kwargs).logits
         if entropy is not None:  # of the sampling distribution (at the sample's temperature), per position
             with torch.no_grad():
                 t = torch.where(temps > 0, temps, torch.ones_like(temps)).to(logits.device).view(-1, 1, 1)
                 lp = torch.log_softmax(logits[:, :-1].float() / t, dim=-1)
-                entropy.append(torch.nn.functional.pad(-(lp.exp() * lp).sum(-1), (1, 0)))
+                skip = batch["input_ids"].shape[1] - logits.shape[1] + 1
+                entropy.append(torch.nn.functional.pad(-(lp.exp() * lp).sum(-1), (skip, 0)))
         return token_logprobs(logits, batch["input_ids"], temps)
 
     def step(self, samples: list[Sample], group_ids: list[str], current_version: int) -> dict[str, float]:
@@ -184,7 +190,7 @@ class GRPOTrainer:
                     kl = kl_penalty(logp, ref_all[mb], mask, num_tokens=max(update_tokens, 1))
                     loss = loss + cfg.kl_coef * kl
                     # kl is already this micro-batch's share of the update's token mean
-                    metrics["kl_ref"] += float(kl) * max(update_tokens, 1) / max(total_tokens, 1)
+                    metrics["kl_ref"] += float(kl.detach()) * max(update_tokens, 1) / max(total_tokens, 1)
                 loss.backward()
                 w = float(mask.sum()) / max(total_tokens, 1)
                 metrics["loss"] += float(loss.detach())  # micro-batch losses sum to the update's loss
@@ -222,6 +228,16 @@ class GRPOTrainer:
             sub = {k: v[s:s + self.config.micro_batch_size] for k, v in batch.items() if k != "rewards"}
             outs.append(self._forward_logprobs(model, sub, temps[s:s + self.config.micro_batch_size].to(self.device)))
         return torch.cat(outs)
+
+
+def _takes_logits_to_keep(model: Any) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (transformers' causal LMs do; a PEFT
+    wrapper passes it on to the model it wraps)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _train_mode_without_dropout(model: Any) -> None:

@@ -112,15 +112,29 @@ def kl_penalty(logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor,
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: torch.Tensor | float = 1.0) -> torch.Tensor:
     """Log-probability of each token given the previous ones.
 
-    ``logits``: [B, T, V] from a forward pass over ``input_ids`` [B, T]. Returns [B, T]
-    where position t holds log p(input_ids[t] | input_ids[:t]) (position 0 is 0.0), with
-    the logits divided by the per-sample ``temperature`` ([B] or scalar; 0 means 1, as the
-    engine reports greedy logprobs unscaled). Aligned with the exported ``loss_mask``.
+    ``logits``: [B, K, V] from a forward pass over ``input_ids`` [B, T]: the logits of all T
+    positions, or of the last K only (``logits_to_keep``: the loss needs no prompt positions but
+    the last one). Returns [B, T] where position t holds log p(input_ids[t] | input_ids[:t]) for
+    the positions the logits cover (the others, position 0 included, are 0.0), with the logits
+    divided by the per-sample ``temperature`` ([B] or scalar; 0 means 1, as the engine reports
+    greedy logprobs unscaled). Aligned with the exported ``loss_mask``. The log-softmax is taken
+    only over the positions given, in float32.
     """
     t = torch.as_tensor(temperature, dtype=logits.dtype, device=logits.device)
     t = torch.where(t > 0, t, torch.ones_like(t))
     if t.ndim == 1:
         t = t.view(-1, 1, 1)
+    skip = input_ids.shape[1] - logits.shape[1] + 1  # positions (from the left) without a logprob
     logp = torch.log_softmax(logits[:, :-1].float() / t, dim=-1)
-    picked = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return torch.nn.functional.pad(picked, (1, 0), value=0.0)
+    picked = logp.gather(-1, input_ids[:, skip:].unsqueeze(-1)).squeeze(-1)
+    return torch.nn.functional.pad(picked, (skip, 0), value=0.0)
+
+
+def logits_to_keep(loss_mask: torch.Tensor) -> int:
+    """How many trailing positions' logits the loss of ``loss_mask`` [B, T] needs: from the one
+    before the earliest loss token of any row to the end (the prompt's logits are never used)."""
+    cols = loss_mask.any(dim=0).nonzero()
+    if cols.numel() == 0:
+        return loss_mask.shape[1]
+    first = int(cols[0])
+    return loss_mask.shape[1] - max(first - 1, 0)

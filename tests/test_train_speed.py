@@ -1,0 +1,63 @@
+"""The training step's speed levers change no number: logits only where the loss needs them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rlgate.train.loss import logits_to_keep, token_logprobs
+
+
+def test_token_logprobs_of_the_last_positions_equal_those_of_all():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 6, 11)
+    ids = torch.randint(0, 11, (3, 6))
+    temps = torch.tensor([1.0, 0.7, 0.0])
+    full = token_logprobs(logits, ids, temps)
+    for k in (2, 3, 6):
+        part = token_logprobs(logits[:, -k:], ids, temps)
+        assert part.shape == (3, 6)
+        assert torch.equal(part[:, 6 - k + 1:], full[:, 6 - k + 1:])
+        assert part[:, :6 - k + 1].abs().sum() == 0  # positions the logits do not cover are 0.0
+
+
+def test_logits_to_keep_starts_one_before_the_earliest_loss_token():
+    mask = torch.tensor([[0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1]], dtype=torch.bool)
+    assert logits_to_keep(mask) == 4  # positions 2..5: position 2 predicts the first loss token (3)
+    assert logits_to_keep(torch.zeros(2, 5, dtype=torch.bool)) == 5
+    assert logits_to_keep(torch.tensor([[0, 1, 1]], dtype=torch.bool)) == 3
+
+
+@pytest.mark.torch
+def test_a_step_with_trimmed_logits_is_the_step_with_all_of_them(tiny_model_dir):
+    """Same loss, metrics and updated weights (to float32 rounding) with and without ``trim_logits``,
+    on- and off-policy (the proximal pass), with a KL reference."""
+    from transformers import AutoModelForCausalLM
+
+    from rlgate.train.config import GRPOConfig
+    from rlgate.train.grpo import GRPOTrainer, _takes_logits_to_keep
+    from rlgate.trajectory.sample import Sample
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert _takes_logits_to_keep(base)  # else both runs would compute every logit
+    samples = [Sample(id=f"s{i}", input_ids=[5, 6, 7, 8, 9 + i, 10, 11 + i][: 5 + i % 3],
+                      loss_mask=[0, 0, 0, 1, 1, 1, 1][: 5 + i % 3], logprobs=[0.0, 0.0, 0.0, -3.0, -3.0, -3.0, -3.0][: 5 + i % 3],
+                      versions=[-1, -1, -1, 0, 0, 0, 0][: 5 + i % 3], reward=float(i % 2))
+               for i in range(6)]
+    samples[0].loss_mask = [0, 0, 1, 1, 1]  # an earlier first generated token in one row
+    results = {}
+    for trim in (False, True):
+        cfg = GRPOConfig(lr=1e-3, device="cpu", micro_batch_size=4, trim_logits=trim, kl_coef=0.1)
+        trainer = GRPOTrainer(copy.deepcopy(base), cfg)
+        m1 = trainer.step(samples, ["g", "g", "g", "h", "h", "h"], 0)
+        m2 = trainer.step(samples, ["g", "g", "g", "h", "h", "h"], 1)  # now stale: proximal logprobs too
+        results[trim] = (m1, m2, trainer.model.state_dict())
+    (a1, a2, wa), (b1, b2, wb) = results[False], results[True]
+    for key in ("loss", "entropy", "approx_kl", "kl_ref", "grad_norm", "behav_logprob_abs_err", "tokens"):
+        assert b1[key] == pytest.approx(a1[key], rel=1e-4, abs=1e-6), key
+        assert b2[key] == pytest.approx(a2[key], rel=1e-4, abs=1e-6), key
+    assert a2["stale_samples"] == b2["stale_samples"] == 6
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=1e-5)
