@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import pytest
 
@@ -112,3 +113,147 @@ def test_sqlite_feedback_survives_a_restart_and_deletion_leaves_no_row(tmp_path)
     store.flush()
     assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM feedback").fetchone()[0] == 0
     store.close()
+
+
+# --------------------------------------------------------------------------- the HTTP API
+
+from helpers import ADMIN_KEY as ADMIN  # noqa: E402
+from online_helpers import chat, new_tenant, online_app, reply_of  # noqa: E402
+
+USER = [{"role": "user", "content": "write a haiku"}]
+
+
+async def test_feedback_of_every_kind_over_http(tokenizer, stop_ids, asgi_client):
+    app = online_app(tokenizer, stop_ids)
+    async with asgi_client(app) as c, app.router.lifespan_context(app):
+        tid, tenant = await new_tenant(c)
+        first = await chat(c, tenant, USER, conversation="conv-1")
+        again = await chat(c, tenant, USER, conversation="conv-1")  # the user regenerated
+        r = await c.post("/v1/feedback", json={"kind": "thumbs", "value": False, "interaction_id": first},
+                         headers=tenant)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["conversation_id"] == "conv-1" and body["reward"] == -1.0 and body["tenant_id"] == tid
+        r = await c.post("/v1/feedback", json={"kind": "preference", "value": 1, "interaction_id": again,
+                                                "other_interaction_id": first}, headers=tenant)
+        assert r.status_code == 200 and len(r.json()["ids"]) == 2 and r.json()["reward"] == 1.0
+        r = await c.post("/v1/feedback", json={"kind": "rating", "value": 5, "conversation_id": "conv-1"},
+                         headers=tenant)
+        assert r.status_code == 200 and r.json()["interaction_id"] is None and r.json()["reward"] == 1.0
+        r = await c.post("/v1/feedback", json={"kind": "comment", "value": "too long", "interaction_id": first},
+                         headers=tenant)
+        assert r.status_code == 200 and r.json()["reward"] is not None  # the comment adds nothing
+        r = await c.post("/v1/feedback", json={"kind": "outcome", "value": 1.0, "conversation_id": "conv-1",
+                                                "source": "delayed", "metadata": {"pr": "merged"}}, headers=tenant)
+        assert r.status_code == 200
+        events = (await c.get("/v1/feedback", params={"conversation_id": "conv-1"}, headers=tenant)).json()["data"]
+        assert [(e["kind"], e["interaction_id"], e["value"], e["source"]) for e in events] == [
+            ("thumbs", first, -1.0, "explicit"), ("preference", again, 1.0, "explicit"),
+            ("preference", first, -1.0, "explicit"), ("rating", None, 5.0, "explicit"),
+            ("comment", first, "too long", "explicit"), ("outcome", None, 1.0, "delayed")]
+        assert events[1]["metadata"]["pair"] == events[2]["metadata"]["pair"]
+        assert events[0]["policy_version"] == 0 and all(e["created_at"] > 0 for e in events)
+        on = app.state.online
+        assert on.reward(tid, "conv-1", first) == -1.0  # thumbs down, the other reply preferred
+        assert on.reward(tid, "conv-1", None) == 1.0  # rating 5 and the outcome
+        # the tail: two at a time, then what comes later
+        page = (await c.get("/v1/feedback", params={"limit": 2}, headers=tenant)).json()
+        rest = (await c.get("/v1/feedback", params={"after": page["cursor"]}, headers=tenant)).json()
+        assert [e["id"] for e in page["data"] + rest["data"]] == [e["id"] for e in events]
+        metrics = (await c.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"})).text
+        assert 'rlgate_online_turns_with_feedback_total{policy_version="0"} 2.0' in metrics
+        assert 'rlgate_feedback_events_total{kind="preference",source="explicit"} 2.0' in metrics
+
+
+async def test_bad_feedback_gets_a_4xx_in_the_openai_shape(tokenizer, stop_ids, asgi_client):
+    app = online_app(tokenizer, stop_ids, max_feedback_per_target=2)
+    async with asgi_client(app) as c, app.router.lifespan_context(app):
+        _, tenant = await new_tenant(c)
+        turn = await chat(c, tenant, USER)
+        cases = [
+            ({"kind": "like", "value": 1, "interaction_id": turn}, 400),
+            ({"kind": "rating", "value": 7, "interaction_id": turn}, 400),
+            ({"kind": "thumbs", "value": 0.5, "interaction_id": turn}, 400),
+            ({"kind": "implicit", "value": "regenerate", "interaction_id": turn}, 400),
+            ({"kind": "thumbs", "value": True, "interaction_id": turn, "surprise": 1}, 400),
+            ({"kind": "thumbs", "value": True}, 400),
+            ({"kind": "preference", "value": 1, "interaction_id": turn}, 400),
+            ({"kind": "thumbs", "value": True, "interaction_id": "chatcmpl-nope"}, 404),
+            ({"kind": "thumbs", "value": True, "conversation_id": "never"}, 404),
+            ({"kind": "thumbs", "value": True, "interaction_id": turn, "conversation_id": "other"}, 400),
+        ]
+        for body, status in cases:
+            r = await c.post("/v1/feedback", json=body, headers=tenant)
+            assert r.status_code == status, (body, r.text)
+            assert set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text
+        r = await c.post("/v1/feedback", content=b"{not json", headers={**tenant, "content-type": "application/json"})
+        assert r.status_code == 400
+        for _ in range(2):
+            assert (await c.post("/v1/feedback", json={"kind": "thumbs", "value": True, "interaction_id": turn},
+                                 headers=tenant)).status_code == 200
+        r = await c.post("/v1/feedback", json={"kind": "thumbs", "value": True, "interaction_id": turn},
+                         headers=tenant)
+        assert r.status_code == 429 and r.json()["error"]["code"] == "too_much_feedback"
+
+
+async def test_a_tenant_reaches_only_its_own_feedback(tokenizer, stop_ids, asgi_client):
+    app = online_app(tokenizer, stop_ids)
+    async with asgi_client(app) as c, app.router.lifespan_context(app):
+        a_id, a = await new_tenant(c, "a")
+        b_id, b = await new_tenant(c, "b")
+        turn = await chat(c, a, USER, conversation="shared-name")
+        await chat(c, b, USER, conversation="shared-name")
+        r = await c.post("/v1/feedback", json={"kind": "thumbs", "value": True, "interaction_id": turn}, headers=b)
+        assert r.status_code == 404  # b cannot even learn that a's turn exists
+        r = await c.post("/v1/feedback", json={"kind": "thumbs", "value": True, "interaction_id": turn,
+                                                "tenant_id": a_id}, headers=b)
+        assert r.status_code == 403
+        assert (await c.post("/v1/feedback", json={"kind": "thumbs", "value": True, "interaction_id": turn},
+                             headers=a)).status_code == 200
+        assert (await c.get("/v1/feedback", headers=b)).json()["data"] == []
+        assert (await c.get("/v1/feedback", params={"tenant_id": a_id}, headers=b)).status_code == 403
+        r = await c.get("/v1/feedback", params={"tenant_id": a_id}, headers={"Authorization": f"Bearer {ADMIN}"})
+        assert [e["interaction_id"] for e in r.json()["data"]] == [turn]
+        # the admin may post on any tenant's turn (a delayed outcome from a CI system)
+        r = await c.post("/v1/feedback", json={"kind": "outcome", "value": 1, "interaction_id": turn,
+                                                "source": "delayed"}, headers={"Authorization": f"Bearer {ADMIN}"})
+        assert r.status_code == 200 and r.json()["tenant_id"] == a_id
+
+
+# --------------------------------------------------------------------------- implicit signals
+
+
+async def test_implicit_signals(tokenizer, stop_ids, asgi_client):
+    app = online_app(tokenizer, stop_ids, implicit_scan_interval=3600, abandon_after=60)
+    on = app.state.online
+    now = [time.time() + 1.0]  # the scanner's clock: a turn completed at time.time() is abandoned 60 s later
+    on.implicit.clock = lambda: now[0]
+    async with asgi_client(app) as c, app.router.lifespan_context(app):
+        tid, tenant = await new_tenant(c)
+        first = await chat(c, tenant, USER, conversation="k")
+        regen = await chat(c, tenant, USER, conversation="k")  # same request again
+        follow = USER + [reply_of(app, regen), {"role": "user", "content": "shorter please"}]
+        second = await chat(c, tenant, follow, conversation="k")
+        edited = await chat(c, tenant, follow[:-1] + [{"role": "user", "content": "shorter!"}], conversation="k")
+        # a tool call that failed (the tool result's text says so)
+        calling = await chat(c, tenant, [{"role": "user", "content": "use the tool"}], conversation="t")
+        r = await c.post("/v1/chat/completions", headers={**tenant, "X-Conversation-Id": "t"}, json={
+            "model": "m", "max_tokens": 4, "messages": [
+                {"role": "user", "content": "use the tool"}, reply_of(app, calling),
+                {"role": "user", "content": "ran it"},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Error: division by zero"}]})
+        assert r.status_code == 200
+        on.implicit.scan()
+        implicit = [(e.value, e.interaction_id) for e in on.records.list_feedback(tenant=tid).events]
+        assert ("regenerate", first) in implicit
+        assert ("edit", second) in implicit
+        assert ("abandon", edited) not in implicit  # not yet: 60 s have not passed
+        now[0] += 61
+        on.implicit.scan()
+        on.implicit.scan()  # once only
+        events = on.records.list_feedback(tenant=tid).events
+        implicit = [(e.value, e.interaction_id) for e in events]
+        assert implicit.count(("abandon", edited)) == 1 and implicit.count(("regenerate", first)) == 1
+        assert all(e.source == "implicit" and e.kind == "implicit" for e in events)
+        assert on.reward(tid, "k", first) == -1.0  # the default weights: regenerate -1
+        assert ("tool_error", calling) in implicit

@@ -24,7 +24,7 @@ class FeedbackRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["thumbs", "rating", "preference", "comment", "outcome"]
-    value: bool | float | str = Field(union_mode="left_to_right")
+    value: bool | float | str  # by kind: docs/online.md (thumbs true / false or 1 / -1, rating 1-5, ...)
     interaction_id: str | None = Field(default=None, min_length=1, max_length=256)
     conversation_id: str | None = Field(default=None, min_length=1, max_length=256)
     other_interaction_id: str | None = Field(default=None, min_length=1, max_length=256)  # preference: the other reply
