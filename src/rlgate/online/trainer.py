@@ -77,6 +77,7 @@ class OnlineTrainer:
         self.publish = publish
         self.version = version  # of the weights last published (or served when training started)
         self.dirty = False  # the trainer's weights moved since they were published
+        self.publishing = True  # False: steps go on, no candidate is offered (an operator's hold)
         self.clock = clock
         self.rng = rng or random.Random()
         self.pending: deque[Unit] = deque()
@@ -233,7 +234,7 @@ class OnlineTrainer:
         return metrics
 
     async def try_publish(self) -> int | None:
-        if not self.dirty:
+        if not self.dirty or not self.publishing:
             return None
         v = await self.publish()
         if v is not None:

@@ -1,0 +1,192 @@
+"""The proof of online RL on this machine: simulated users teach the tiny model; a bad checkpoint is rolled back.
+
+:func:`run_proof` builds the whole online stack in one process -- the tiny model (``demo/tiny.py``)
+served by two local engines behind the canary (``online/versions.py``), the gateway with the
+online serving mode and online training (``server/online_training.py``), the continuous trainer
+on a third copy of the model (``train/online.py``) -- serves it on 127.0.0.1, and lets
+:class:`~rlgate.online.simulation.SimulatedUsers` (hidden preference: short replies) talk to it
+through the real HTTP API:
+
+1. **before**: ``before`` conversations with the trainer holding its candidates (every reply
+   from version 0): the users' approval rate;
+2. **learning**: conversations go on while the trainer learns from their thumbs, delayed outcomes
+   and live groups, and the canary promotes each candidate it finds not worse; the approval rate
+   of the last ``window`` conversations is the "after";
+3. **bad checkpoint**: the trainer stops offering candidates; once no canary runs, a deliberately
+   bad checkpoint (the learning reversed: ``2 * start - stable``) is pushed through
+   ``POST /rl/update_weights`` like any checkpoint; the users go on until the canary decides.
+
+``benchmarks/online.py`` prints the result; ``tests/test_online_simulation.py`` runs a smaller one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import secrets
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rlgate.online.simulation import ShortAnswers, SimulatedUsers, Window
+from rlgate.trajectory.sample import Sample
+
+
+@dataclass
+class ProofSettings:
+    """Sized for a few minutes on 2 shared CPU cores (``benchmarks/online.py``); the test runs a smaller one."""
+
+    max_chars: int = 25  # the hidden preference (about the median reply of the untrained tiny model at 8 tokens)
+    max_tokens: int = 8
+    before: int = 192  # conversations served by version 0 only
+    window: int = 192  # conversations per report line; the last one is the "after"
+    learn_seconds: float = 300.0  # the learning phase's length
+    bad_max_conversations: int = 1200  # the canary must decide on the bad checkpoint within this many
+    concurrency: int = 16
+    lr: float = 1e-3
+    train_batch: int = 32
+    group_fraction: float = 0.25
+    group_size: int = 4
+    canary_share: float = 0.5
+    canary_margin: float = 0.2
+    canary_min_samples: int = 20
+    canary_plan_samples: int = 100
+    seed: int = 0
+
+
+@dataclass
+class ProofResult:
+    before: dict[str, float]
+    after: dict[str, float]
+    curve: list[dict[str, Any]] = field(default_factory=list)  # one line per window of the learning phase
+    bad_version: int | None = None
+    bad_decision: dict[str, Any] | None = None  # the canary's decision on the bad checkpoint
+    bad_conversations: int = 0  # conversations it took
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    online: dict[str, Any] = field(default_factory=dict)  # /rl/online at the end
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _rate(w: Window) -> dict[str, float]:
+    return {"approval": w.rate, "stderr": w.stderr, "n": float(w.n)}
+
+
+def length_reward(max_chars: int) -> Callable[[Sample], float]:
+    """The operator's reward for live groups: shorter is better (a proxy; the users' rule is hidden)."""
+    def reward(sample: Sample) -> float:
+        text = (sample.output_message or {}).get("content") or ""
+        return -min(len(text), 4 * max_chars) / max_chars
+    return reward
+
+
+async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] = print) -> ProofResult:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlgate.config import GatewayConfig, OnlineConfig
+    from rlgate.demo.scripted import ensure_tiny_model
+    from rlgate.engine.local import LocalEngine
+    from rlgate.model import load_tokenizer
+    from rlgate.online.canary import Canary
+    from rlgate.online.groups import LiveGroups, scorer_of
+    from rlgate.online.options import OnlineOptions
+    from rlgate.online.trainer import OnlineTrainer
+    from rlgate.online.training import OnlineTraining
+    from rlgate.online.versions import TwoSlotEngine
+    from rlgate.server.app import create_app
+    from rlgate.server.online_training import attach_online_training
+    from rlgate.server.runner import ServerThread
+    from rlgate.store.base import MemoryStore
+    from rlgate.train.config import GRPOConfig
+    from rlgate.train.online import OnlinePolicy
+    from rlgate.train.policy import save_for_serving
+
+    t0 = time.perf_counter()
+    torch.manual_seed(s.seed)
+    model_dir = ensure_tiny_model(out_dir, seed=s.seed)
+    tokenizer = load_tokenizer(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    start_state = {k: v.detach().clone() for k, v in base.state_dict().items()}
+    slots = [LocalEngine(model=copy.deepcopy(base), seed=s.seed + i) for i in range(2)]
+    options = OnlineOptions(group_fraction=s.group_fraction, group_size=s.group_size, train_batch=s.train_batch,
+                            canary_share=s.canary_share, canary_margin=s.canary_margin,
+                            canary_min_samples=s.canary_min_samples, canary_plan_samples=s.canary_plan_samples,
+                            conversation_idle_s=2.0)
+    canary = Canary(options)
+    engines = TwoSlotEngine(slots[0], slots[1], canary)
+    policy = OnlinePolicy(base, GRPOConfig(lr=s.lr, micro_batch_size=32, device="cpu"), engines)
+    trainer = OnlineTrainer(options, policy, policy.publish)
+    policy.attach(trainer)
+    groups = LiveGroups(options, engines, scorer_of(length_reward(s.max_chars)), trainer.add_group,
+                        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                        waiting=lambda: sum(e.stats()["waiting"] for e in slots))
+    training = OnlineTraining(options, canary, engines, trainer, groups)
+    admin = secrets.token_urlsafe(16)
+    app = create_app(GatewayConfig(admin_key=admin, max_sessions=1_000_000), engines, MemoryStore(), tokenizer,
+                     online=OnlineConfig(online=True))
+    attach_online_training(app, training)
+    result = ProofResult(before={}, after={})
+    with ServerThread(app) as url:
+        async with httpx.AsyncClient(base_url=url, headers={"authorization": f"Bearer {admin}"}, timeout=60) as http:
+            r = await http.post("/v1/tenants", json={"name": "simulated users"})
+            r.raise_for_status()
+            users = SimulatedUsers(url, r.json()["api_key"], ShortAnswers(s.max_chars), max_tokens=s.max_tokens,
+                                   seed=s.seed)
+            # ---------------------------------------------------------------- 1. before
+            trainer.publishing = False
+            before = await users.run(s.before, concurrency=s.concurrency)
+            result.before = _rate(before)
+            log(f"before: approval {before} (version 0 only)")
+            # ---------------------------------------------------------------- 2. learning
+            trainer.publishing = True  # read by the trainer at its next step (the feedback keeps coming)
+            learn_end = time.perf_counter() + s.learn_seconds
+            last = before
+            while time.perf_counter() < learn_end:
+                last = await users.run(s.window, concurrency=s.concurrency)
+                snap = (await http.get("/rl/online")).json()
+                line = {"t_s": round(time.perf_counter() - t0, 1), **_rate(last),
+                        "stable": snap["canary"]["stable_version"], "canary": snap["canary"]["canary_version"],
+                        "steps": snap["trainer"]["steps"], "group_samples": snap["trainer"]["received_group_samples"],
+                        "feedback_samples": snap["trainer"]["received_feedback_samples"]}
+                result.curve.append(line)
+                log(f"  {line['t_s']:6.0f} s  approval {last}  stable v{line['stable']}  canary "
+                    f"{'v' + str(line['canary']) if line['canary'] is not None else '-'}  steps {line['steps']}")
+            result.after = _rate(last)
+            log(f"after: approval {last}")
+            # ---------------------------------------------------------------- 3. a bad checkpoint
+            trainer.publishing = False
+            while canary.canary_version is not None:  # the running canary is decided first
+                await users.run(32, concurrency=s.concurrency)
+            stable_engine = engines.slot_of(canary.stable_version)
+            stable_state = stable_engine.model.state_dict()  # type: ignore[attr-defined]
+            bad = copy.deepcopy(base)
+            bad.load_state_dict({k: 2 * start_state[k] - stable_state[k] for k in start_state})
+            path = Path(tempfile.mkdtemp(dir=out_dir, prefix="bad-checkpoint-"))
+            save_for_serving(bad, path)
+            r = await http.post("/rl/update_weights", json={"path": str(path)})
+            r.raise_for_status()
+            result.bad_version = r.json()["version"]
+            log(f"bad checkpoint pushed as version {result.bad_version} (canary share {s.canary_share:.0%})")
+            n0 = users.conversations
+            while canary.canary_version == result.bad_version and users.conversations - n0 < s.bad_max_conversations:
+                await users.run(16, concurrency=s.concurrency)
+            result.bad_conversations = users.conversations - n0
+            decided = [d for d in canary.decisions if d.version == result.bad_version and d.action != "start"]
+            result.bad_decision = decided[-1].to_dict() if decided else None
+            snap = (await http.get("/rl/online")).json()
+            result.online = snap
+            result.decisions = snap["canary"]["decisions"]
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def main_async(out_dir: Path, settings: ProofSettings) -> ProofResult:
+    return asyncio.run(run_proof(out_dir, settings))
