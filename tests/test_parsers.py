@@ -66,6 +66,12 @@ HERMES_CASES = [
     ("no name", '<tool_call>{"arguments": {}}</tool_call>', [ContentText('<tool_call>{"arguments": {}}</tool_call>')]),
     ("unclosed", 'x <tool_call>{"name": "f", "arguments": {}}', [ContentText('x <tool_call>{"name": "f", "arguments": {}}')]),
     ("partial marker at end", "text <tool_ca", [ContentText("text <tool_ca")]),
+    # SmolLM2's function-calling format: a JSON list of calls in one block
+    ("list of calls", '<tool_call>[{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]</tool_call>',
+     [ParsedToolCall("f", '{"a": 1}'), ParsedToolCall("g", "{}")]),
+    ("empty list", "<tool_call>[]</tool_call>", [ContentText("<tool_call>[]</tool_call>")]),
+    ("list with a non-call", '<tool_call>[{"name": "f", "arguments": {}}, 3]</tool_call>',
+     [ContentText('<tool_call>[{"name": "f", "arguments": {}}, 3]</tool_call>')]),
 ]
 
 

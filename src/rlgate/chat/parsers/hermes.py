@@ -1,7 +1,9 @@
 """Hermes / Qwen tool calls: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``.
 
-Repeatable; text around the calls is content. A call whose body is not a JSON object
-with a ``name`` (or that is never closed) is returned verbatim as content.
+Repeatable; text around the calls is content. A block may also hold a JSON list of calls,
+``<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>``: the form SmolLM2's
+function-calling data (and its model card's tool prompt) uses. A block whose body is not a call
+object or a non-empty list of them (or that is never closed) is returned verbatim as content.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ class HermesToolParser(BlockToolParser):
 
     def parse_body(self, body: str) -> list[ParsedToolCall] | None:
         try:
-            call = tool_call_from_obj(json.loads(body))
+            obj = json.loads(body)
         except json.JSONDecodeError:
             return None
-        return [call] if call is not None else None
+        calls = [tool_call_from_obj(o) for o in (obj if isinstance(obj, list) else [obj])]
+        if not calls or any(c is None for c in calls):
+            return None
+        return [c for c in calls if c is not None]
