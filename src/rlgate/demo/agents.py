@@ -5,7 +5,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from rlgate.demo.calculator_agent import CalculatorAgent
+from rlgate.demo.calculator_agent import AnthropicCalculatorAgent, CalculatorAgent
 from rlgate.demo.math_agent import MathAgent, OpenAIMathAgent
 
 
@@ -24,4 +24,21 @@ class EitherSDKMathAgent:
         return await self.pick(data).run(data, base_url=base_url, api_key=api_key, http_client=http_client)
 
 
-__all__ = ["CalculatorAgent", "EitherSDKMathAgent"]
+
+class EitherSDKCalculatorAgent:
+    """The multi-turn calculator loop, half the questions (by the same stable hash) through the
+    Anthropic SDK, the others through the OpenAI SDK; the options are the agents' own
+    (``system``, ``reward``, ``max_tokens``...)."""
+
+    def __init__(self, **options: Any) -> None:
+        self.anthropic = AnthropicCalculatorAgent(**options)
+        self.openai = CalculatorAgent(**options)
+
+    def pick(self, data: dict[str, Any]) -> Any:
+        return self.anthropic if zlib.crc32(str(data["question"]).encode()) % 2 == 0 else self.openai
+
+    async def run(self, data: dict[str, Any], *, base_url: str, api_key: str, http_client: Any = None) -> float:
+        return await self.pick(data).run(data, base_url=base_url, api_key=api_key, http_client=http_client)
+
+
+__all__ = ["CalculatorAgent", "EitherSDKCalculatorAgent", "EitherSDKMathAgent"]

@@ -96,14 +96,14 @@ class RealDemoHooks(DemoHooks):
 
 
 def demo_config(settings: RealDemoSettings, *, model_dir: Path, out: Path, url: str, admin_key: str,
-                seed: int) -> TrainConfig:
+                seed: int, device: str = "cpu") -> TrainConfig:
     return TrainConfig(
         model=str(model_dir), out_dir=str(out), dataset=DatasetSource(path=str(out / "math-train.jsonl")),
         agent="rlgate.demo.agents:EitherSDKMathAgent", agent_kwargs={"model": "policy",
                                                                      "max_tokens": settings.max_tokens},
         steps=settings.steps, seed=seed, checkpoint_every=settings.steps or 1, keep_checkpoints=1, resume=False,
         grpo=GRPOConfig(lr=settings.lr, groups_per_step=settings.groups_per_step, max_staleness=0,
-                        scale_adv_by_std=False, micro_batch_size=32, pad_token_id=0, device="cpu"),
+                        scale_adv_by_std=False, micro_batch_size=32, pad_token_id=0, device=device),
         rollout=RolloutSettings(group_size=settings.group_size, concurrency=settings.concurrency,
                                 episode_timeout=120, export_style="individual"),
         gateway=GatewaySettings(url=url, admin_key=admin_key, sync_dir=str(out / "sync"), sync_keep=1),
@@ -112,11 +112,11 @@ def demo_config(settings: RealDemoSettings, *, model_dir: Path, out: Path, url: 
 
 
 async def _train(url: str, admin_key: str, model_dir: Path, out: Path, split: TaskSplit,
-                 settings: RealDemoSettings, seed: int, console: Any) -> dict[str, Any]:
+                 settings: RealDemoSettings, seed: int, console: Any, device: str = "cpu") -> dict[str, Any]:
     from rlgate.train.run import run_training
 
     write_jsonl(split.train, out / "math-train.jsonl")
-    cfg = demo_config(settings, model_dir=model_dir, out=out, url=url, admin_key=admin_key, seed=seed)
+    cfg = demo_config(settings, model_dir=model_dir, out=out, url=url, admin_key=admin_key, seed=seed, device=device)
     hooks = RealDemoHooks("math", split.heldout[: settings.eval_items], settings, console, model_dir)
     result = await run_training(cfg, hooks, stdout=False)
     history = _read_history(out)
@@ -134,10 +134,13 @@ async def _train(url: str, admin_key: str, model_dir: Path, out: Path, split: Ta
 
 
 def run_real_demo(out: Path, *, model: str = DEFAULT_MODEL, seed: int = 0, steps: int | None = None,
-                  overrides: dict[str, Any] | None = None, port: int | None = None) -> int:
+                  overrides: dict[str, Any] | None = None, port: int | None = None, device: str = "cpu") -> int:
     from rich.console import Console
 
     from rlgate.checkpoints import ModelNotFound, resolve_model
+    from rlgate.demo.device import check_device
+
+    device = check_device(device)
 
     console = Console()
     t_start = time.perf_counter()
@@ -157,10 +160,10 @@ def run_real_demo(out: Path, *, model: str = DEFAULT_MODEL, seed: int = 0, steps
     admin_key = secrets.token_urlsafe(32)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    proc, url = _start_gateway(model_dir, admin_key, out / "gateway.log", port)
-    console.print(f"gateway on {url} (local engine, {model} from {model_dir})")
+    proc, url = _start_gateway(model_dir, admin_key, out / "gateway.log", port, device=device)
+    console.print(f"gateway on {url} (local engine on {device}, {model} from {model_dir})")
     try:
-        result = asyncio.run(_train(url, admin_key, model_dir, out, split, settings, seed, console))
+        result = asyncio.run(_train(url, admin_key, model_dir, out, split, settings, seed, console, device))
     finally:
         stop_gateway(proc)
     wall = time.perf_counter() - t_start
@@ -173,7 +176,7 @@ def run_real_demo(out: Path, *, model: str = DEFAULT_MODEL, seed: int = 0, steps
     for what, label in (("exact", "exactly the right number (the format)"), ("right", "the right number, any form")):
         console.print(f"held-out, {label}: greedy {cell('before_greedy', what)} -> {cell('after_greedy', what)}; "
                       f"T=1 {cell('before_t1', what)} -> {cell('after_t1', what)}")
-    summary = {"task": "math-number-only", "model": model, "seed": seed, "wall_seconds": wall,
+    summary = {"task": "math-number-only", "model": model, "seed": seed, "device": device, "wall_seconds": wall,
                "model_seconds": t_model, "settings": settings.__dict__, **result}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     console.print(f"wrote {out / 'summary.json'}, {out / 'reward_curve.png'}, {out / 'trajectories.parquet'}, "

@@ -88,7 +88,7 @@ def _free_port() -> int:
 
 
 def _start_gateway(model_dir: Path, admin_key: str, log_path: Path, port: int | None = None,
-                   metrics_port: int | None = None) -> tuple[subprocess.Popen, str]:
+                   metrics_port: int | None = None, device: str | None = None) -> tuple[subprocess.Popen, str]:
     import httpx
 
     if port:
@@ -98,6 +98,7 @@ def _start_gateway(model_dir: Path, admin_key: str, log_path: Path, port: int | 
     port = port or _free_port()
     log_file = log_path.open("w")
     extra = ["--metrics-port", str(metrics_port)] if metrics_port is not None else []
+    extra += ["--device", device] if device else []
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(model_dir), "--engine", "local",
          "--host", "127.0.0.1", "--port", str(port), "--capacity-mode", "granted", "--log-level", "warning",

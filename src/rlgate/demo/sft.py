@@ -123,6 +123,8 @@ def warm_start(
     check_every: int = 10,
     min_steps: int = 40,
     log: Any = print,
+    sequences: Any = None,
+    cache_key: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune ``base_model`` on ``items`` into ``out`` (cached).
 
@@ -130,6 +132,10 @@ def warm_start(
     at the first check (every ``check_every`` steps, from
     ``min_steps``) where greedy accuracy on ``validation`` reaches the target: the model
     is left knowing the format and part of the skill, for RL to improve.
+
+    ``sequences(renderer, stop_ids)``, when given, builds the ``(token ids, loss mask)`` pairs
+    instead of the tiny model's own (``demo/tool_sft.py``: SmolLM2's tool format); ``cache_key``
+    is what else the cache depends on (e.g. the system prompt).
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -138,7 +144,8 @@ def warm_start(
 
     settings = {"task": task, "steps": steps, "seed": seed, "lr": lr, "batch_size": batch_size,
                 "n_items": len(items), "target_accuracy": target_accuracy,
-                "n_validation": len(validation or []), "check_every": check_every, "min_steps": min_steps}
+                "n_validation": len(validation or []), "check_every": check_every, "min_steps": min_steps,
+                **(cache_key or {})}
     marker = out / "warm_start.json"
     if marker.is_file():
         cached = json.loads(marker.read_text())
@@ -149,7 +156,9 @@ def warm_start(
     renderer = ChatRenderer(tokenizer)
     stops = stop_token_ids(tokenizer, base_model)
     stop = stops[0]
-    if task == "tools":
+    if sequences is not None:
+        seqs = sequences(renderer, stops)
+    elif task == "tools":
         assert tool is not None
         seqs = [tools_sequence(renderer, it, stop, tool) for it in items]
     else:

@@ -9,6 +9,10 @@ held-out split measures learning rather than memorisation.
 with the expression, read the result and answer with it (a multi-turn conversation:
 assistant tool call -> tool result -> assistant answer).
 
+``multiply``: "What is 347 * 582?" — three-digit products, which a 135M-parameter model cannot
+work out in its head: the task of the tools demo on SmolLM2 (``demo/real_tools.py``), where only an
+answer obtained through the calculator counts.
+
 Every item is a dict the example agents understand: ``{"question", "answer"}``.
 """
 
@@ -47,6 +51,16 @@ def tools_task(seed: int = 0, n_heldout: int = 200) -> TaskSplit:
     rng = random.Random(seed)
     items = [tools_item(a, b, op) for a in range(10, 100) for b in range(10, 100) for op in ("+", "-")]
     rng.shuffle(items)
+    return TaskSplit(train=items[n_heldout:], heldout=items[:n_heldout])
+
+
+def multiply_task(seed: int = 0, n_train: int = 2000, n_heldout: int = 200) -> TaskSplit:
+    """Distinct ordered three-digit pairs ``a * b``; a held-out pair never appears in train."""
+    rng = random.Random(seed)
+    pairs: dict[tuple[int, int], None] = {}
+    while len(pairs) < n_train + n_heldout:
+        pairs[(rng.randint(100, 999), rng.randint(100, 999))] = None
+    items = [tools_item(a, b, "*") for a, b in pairs]
     return TaskSplit(train=items[n_heldout:], heldout=items[:n_heldout])
 
 

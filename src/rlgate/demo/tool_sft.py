@@ -1,0 +1,84 @@
+"""The tool-call format for SmolLM2-135M-Instruct: the system prompt that describes the tools, and
+a short supervised warm start on it.
+
+SmolLM2's chat template renders no tools, so an agent describes them in its system message (as
+SmolLM2's model card does), in the form its function-calling data used: a JSON list of calls in a
+``<tool_call>`` block, which the SmolLM2 family's ``hermes`` parser turns into real tool calls::
+
+    <tool_call>[{"name": "calculator", "arguments": {"expression": "347 * 582"}}]</tool_call>
+
+Told so, the raw model wrote that block 0 times in 24 replies (the model card's own prompt, 8 greedy
+and 16 at T=1: it computes in prose, wrongly). The warm start (:func:`tool_warm_start`) is a few
+dozen SFT steps on synthetic conversations (system, question, the call, the tool's result, the
+answer) rendered through the family's renderer and bridged as the gateway bridges a tool round, so
+the tokens are the ones serving produces; loss on the two assistant replies only. Cached like the
+tiny model's warm start (``demo/sft.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from rlgate.chat.conversation import Message, ToolCall, ToolSpec
+
+__all__ = ["call_text", "conversation_sequence", "tool_system_prompt", "tool_warm_start"]
+
+
+def tool_system_prompt(tools: list[dict[str, Any]]) -> str:
+    """The system message that tells SmolLM2 about ``tools`` (OpenAI ``{"type": "function", ...}``)."""
+    fns = json.dumps([t["function"] for t in tools])
+    return (f"You have access to the following tools:\n<tools>{fns}</tools>\n\n"
+            'To use a tool, reply with only <tool_call>[{"name": ..., "arguments": {...}}]</tool_call>. '
+            "After its result, give the final answer.")
+
+
+def call_text(name: str, arguments: dict[str, Any]) -> str:
+    return f"<tool_call>{json.dumps([{'name': name, 'arguments': arguments}])}</tool_call>"
+
+
+def answer_text(item: dict[str, Any]) -> str:
+    return f"{item['expression']} = {item['answer']}"
+
+
+def conversation_sequence(renderer: Any, item: dict[str, Any], stop_ids: list[int], system: str,
+                          tool: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of system + question -> tool call -> tool result -> answer, as the
+    gateway renders and bridges it (mask 1 on the assistant replies and their stop tokens)."""
+    from rlgate.chat.families.base import ParentTurn
+
+    fn = tool["function"]
+    tools = [ToolSpec(fn["name"], fn.get("description"), fn["parameters"])]
+    sys_msg = Message.of("system", system)
+    prompt = renderer.render_ids([sys_msg, Message.of("user", item["question"])], tools)
+    args = {"expression": item["expression"]}
+    stop = stop_ids[0]
+    out1 = renderer.encode(call_text(fn["name"], args)) + [stop]
+    reply = Message(role="assistant", tool_calls=[ToolCall("call_0", fn["name"], json.dumps(args))])
+    parent = ParentTurn(prompt, out1, reply, renderer.decode([stop]))
+    bridge = renderer.bridge_ids(parent=parent, leading_system=sys_msg,
+                                 new_messages=[Message.of("tool", item["answer"], tool_call_id="call_0")], tools=tools)
+    out2 = renderer.encode(answer_text(item)) + [stop]
+    ids = prompt + out1 + bridge + out2
+    return ids, [0] * len(prompt) + [1] * len(out1) + [0] * len(bridge) + [1] * len(out2)
+
+
+def tool_warm_start(base_model: Path, out: Path, items: list[dict[str, Any]], *, system: str, tool: dict[str, Any],
+                    steps: int, seed: int, lr: float, batch_size: int, log: Any = print) -> dict[str, Any]:
+    """``steps`` SFT steps on ``items`` (``{"question", "answer", "expression"}``) into ``out``
+    (cached while the settings, the system prompt and the tool are the same)."""
+    from rlgate.chat.families.registry import resolve_family
+    from rlgate.demo.sft import warm_start
+
+    def sequences(renderer: Any, stop_ids: list[int]) -> list[tuple[list[int], list[int]]]:
+        tokenizer = renderer.tokenizer
+        family = resolve_family(tokenizer, None, base_model)  # the gateway's renderer for this checkpoint
+        served = family.renderer(tokenizer)
+        stops = [*stop_ids, *(i for i in family.stop_token_ids(tokenizer) if i not in stop_ids)]
+        return [conversation_sequence(served, it, stops, system, tool) for it in items]
+
+    digest = hashlib.sha256(json.dumps([system, tool, str(base_model)]).encode()).hexdigest()[:16]
+    return warm_start(base_model, out, items, task="tools-format", steps=steps, seed=seed, lr=lr,
+                      batch_size=batch_size, log=log, sequences=sequences, cache_key={"format": digest})
