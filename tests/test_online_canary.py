@@ -122,3 +122,45 @@ def test_two_slots_serve_each_conversation_its_version(tokenizer) -> None:
         assert await engine.load_candidate(2, noop) and engine.versions == [2, 1]
 
     asyncio.run(main())
+
+
+async def test_canary_admin_routes(tokenizer, stop_ids, asgi_client) -> None:
+    from helpers import ADMIN_KEY, admin_headers
+    from online_helpers import new_tenant
+
+    from rlgate.config import GatewayConfig, OnlineConfig
+    from rlgate.online.training import OnlineTraining
+    from rlgate.server.app import create_app
+    from rlgate.server.online_training import attach_online_training
+    from rlgate.store.base import MemoryStore
+
+    canary = _canary()
+    engines = TwoSlotEngine(FakeEngine(tokenizer), FakeEngine(tokenizer), canary)
+    app = create_app(GatewayConfig(admin_key=ADMIN_KEY), engines, MemoryStore(), tokenizer, stop_token_ids=stop_ids,
+                     online=OnlineConfig(online=True))
+    attach_online_training(app, OnlineTraining(canary.options, canary, engines))
+    async with asgi_client(app) as c, app.router.lifespan_context(app):
+        _, tenant = await new_tenant(c)
+        for path in ("/rl/canary/pin", "/rl/canary/promote", "/rl/canary/rollback"):  # admin only
+            assert (await c.post(path, headers=tenant)).status_code == 403
+        r = await c.post("/rl/canary/rollback", headers=admin_headers())
+        assert r.status_code == 409 and r.json()["error"]["code"] == "no_canary"
+        tmp = "/nonexistent-checkpoint"
+        r = await c.post("/rl/update_weights", json={"path": tmp}, headers=admin_headers())
+        assert r.status_code == 400  # the checkpoint cannot load: nothing starts
+        assert canary.canary_version is None
+
+        async def noop(e: object) -> None:
+            return None
+
+        assert await engines.load_candidate(1, noop)
+        r = await c.post("/rl/update_weights", json={"path": tmp}, headers=admin_headers())
+        assert r.status_code == 409 and r.json()["error"]["code"] == "canary_busy"
+        assert (await c.post("/rl/canary/pin", json={"reason": "holiday"}, headers=admin_headers())).json()["action"] == "pin"
+        r = await c.post("/rl/canary/rollback", json={"reason": "saw a bad reply"}, headers=admin_headers())
+        assert r.status_code == 200 and r.json()["by"] == "operator" and r.json()["reason"] == "saw a bad reply"
+        state = (await c.get("/rl/online", headers=admin_headers())).json()["canary"]
+        assert state["state"] == "pinned" and [d["action"] for d in state["decisions"]] == ["start", "pin", "rollback"]
+        metrics = (await c.get("/metrics", headers=admin_headers())).text
+        assert 'rlgate_online_canary_decisions_total{action="rollback",by="operator"} 1.0' in metrics
+        assert 'rlgate_online_canary_state{state="pinned"} 1.0' in metrics

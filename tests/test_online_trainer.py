@@ -140,3 +140,76 @@ def test_the_pending_queue_is_bounded() -> None:
     for k in range(5):
         t.add_feedback(_sample(f"f{k}", 1.0), "c", None, now[0])
     assert t.pending_samples == 3 and t.counts["dropped_overflow"] == 2
+
+
+# ---------------------------------------------------------------------------- wired into a gateway
+
+
+def _wired(tokenizer, stop_ids, **opts: object):
+    """An online gateway (fake engines: stable + spare) with online training; the stepper records."""
+    from helpers import ADMIN_KEY
+
+    from rlgate.config import GatewayConfig, OnlineConfig
+    from rlgate.engine.fake import FakeEngine
+    from rlgate.online.canary import Canary
+    from rlgate.online.groups import LiveGroups, scorer_of
+    from rlgate.online.training import OnlineTraining
+    from rlgate.online.versions import TwoSlotEngine
+    from rlgate.server.app import create_app
+    from rlgate.server.online_training import attach_online_training
+    from rlgate.store.base import MemoryStore
+
+    options = OnlineOptions(**opts)  # type: ignore[arg-type]
+    canary = Canary(options)
+    engines = TwoSlotEngine(FakeEngine(tokenizer, output_tokens=3), FakeEngine(tokenizer, output_tokens=3), canary)
+    rec = Recorder()
+
+    async def publish() -> int | None:
+        return None
+
+    trainer = OnlineTrainer(options, rec, publish)
+    groups = LiveGroups(options, engines, scorer_of(lambda s: float(len(s.output_text))), trainer.add_group,
+                        decode=tokenizer.decode)
+    training = OnlineTraining(options, canary, engines, trainer, groups, poll_interval=0.01)
+    app = create_app(GatewayConfig(admin_key=ADMIN_KEY), engines, MemoryStore(), tokenizer, stop_token_ids=stop_ids,
+                     online=OnlineConfig(online=True))
+    return attach_online_training(app, training), training, rec
+
+
+async def _until(cond, what: str) -> None:
+    for _ in range(500):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_feedback_and_live_groups_reach_the_trainer_and_deletion_removes_them(tokenizer, stop_ids, asgi_client):
+    from helpers import admin_headers
+    from online_helpers import chat, new_tenant
+
+    app, training, rec = _wired(tokenizer, stop_ids, train_batch=1000, group_fraction=1.0, group_size=3)
+    trainer = training.trainer
+    assert trainer is not None
+    async with asgi_client(app) as c, app.router.lifespan_context(app):
+        _, tenant = await new_tenant(c)
+        keep = await chat(c, tenant, [{"role": "user", "content": "keep me"}], conversation="keep")
+        gone = await chat(c, tenant, [{"role": "user", "content": "forget me"}], conversation="gone")
+        for turn in (keep, gone):
+            r = await c.post("/v1/feedback", json={"kind": "thumbs", "value": True, "interaction_id": turn},
+                             headers=tenant)
+            assert r.status_code == 200, r.text
+        # two rewarded turns + two live groups of three
+        await _until(lambda: trainer.pending_samples == 8, "feedback and groups in the trainer's queue")
+        assert trainer.counts["received_feedback_samples"] == 2 and trainer.counts["received_group_samples"] == 6
+        assert {u.conversation for u in trainer.pending} == {"keep", "gone"}
+        assert training.canary.rewards[0].n == 2  # each rewarded turn credited to version 0 once
+        r = await c.post("/v1/data/delete", json={"conversation_id": "gone"}, headers=tenant)
+        assert r.status_code == 200, r.text
+        assert {u.conversation for u in trainer.pending} == {"keep"} and trainer.counts["dropped_deleted"] == 4
+        assert all(gone not in s.id for u in trainer.pending for s in u.samples)
+        text = (await c.get("/metrics", headers=admin_headers())).text
+        assert 'rlgate_online_train_samples_total{fate="dropped_deleted"} 4.0' in text
+        assert 'rlgate_online_groups_total{outcome="completed"} 2.0' in text
+        assert 'rlgate_online_version{role="stable"} 0.0' in text
+    assert rec.calls == []  # train_batch not reached: nothing trained
