@@ -127,7 +127,6 @@ def test_two_slots_serve_each_conversation_its_version(tokenizer) -> None:
 async def test_canary_admin_routes(tokenizer, stop_ids, asgi_client) -> None:
     from helpers import ADMIN_KEY, admin_headers
     from online_helpers import new_tenant
-
     from rlgate.config import GatewayConfig, OnlineConfig
     from rlgate.online.training import OnlineTraining
     from rlgate.server.app import create_app

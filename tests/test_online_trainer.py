@@ -148,7 +148,6 @@ def test_the_pending_queue_is_bounded() -> None:
 def _wired(tokenizer, stop_ids, **opts: object):
     """An online gateway (fake engines: stable + spare) with online training; the stepper records."""
     from helpers import ADMIN_KEY
-
     from rlgate.config import GatewayConfig, OnlineConfig
     from rlgate.engine.fake import FakeEngine
     from rlgate.online.canary import Canary
