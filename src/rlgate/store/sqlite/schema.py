@@ -126,6 +126,9 @@ def init_db(conn: sqlite3.Connection, path: Path) -> None:
     c.execute("PRAGMA wal_autocheckpoint=0")
     c.execute(f"PRAGMA journal_size_limit={16 * 1024 * 1024}")  # WAL truncated to this when it restarts
     c.execute("PRAGMA busy_timeout=5000")
+    # Deleted rows are overwritten with zeros, not left in free pages: a deletion on request
+    # (rlgate serve --online, docs/online.md "Data rights") leaves no readable copy in the file.
+    c.execute("PRAGMA secure_delete=ON")
     c.executescript(SCHEMA)
     if 0 < version < 2:  # a version-1 store: add the column (its rows were all stored)
         c.execute("ALTER TABLE interactions ADD COLUMN client_store INTEGER NOT NULL DEFAULT 1")
