@@ -257,3 +257,19 @@ async def test_implicit_signals(tokenizer, stop_ids, asgi_client):
         assert all(e.source == "implicit" and e.kind == "implicit" for e in events)
         assert on.reward(tid, "k", first) == -1.0  # the default weights: regenerate -1
         assert ("tool_error", calling) in implicit
+
+
+async def test_the_viewer_shows_feedback_rate_and_reward_per_version(tokenizer, stop_ids, asgi_client):
+    app = online_app(tokenizer, stop_ids, gateway={"ui": True}, implicit_scan_interval=3600)
+    on = app.state.online
+    async with asgi_client(app) as c, app.router.lifespan_context(app):
+        _, tenant = await new_tenant(c)
+        liked = await chat(c, tenant, USER, conversation="a")
+        await chat(c, tenant, USER, conversation="b")
+        await c.post("/v1/feedback", json={"kind": "rating", "value": 4, "interaction_id": liked}, headers=tenant)
+        on.implicit.scan()  # counts the turns
+        r = await c.get("/ui/online", headers={"Authorization": f"Bearer {ADMIN}"})
+        assert r.status_code == 200
+        assert "<td>0</td><td>2</td><td>1</td><td>50.0%</td><td>1</td><td>+0.500</td>" in r.text
+        assert (await c.get("/ui/online", follow_redirects=False)).status_code == 303  # no key: the login form
+        assert (await c.get("/ui/online", headers=tenant, follow_redirects=False)).status_code == 303

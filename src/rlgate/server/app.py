@@ -201,6 +201,10 @@ def create_app(
         app.state.ui_logins = UiLogins(config.ui_login_ttl)
         add_routes(app, ui_router)
         add_routes(app, ui_data_router)  # the model as JSON: what a cluster router's /ui merges
+        if online_state is not None:
+            from rlgate.ui.online import router as ui_online_router
+
+            add_routes(app, ui_online_router)  # feedback rate and reward per policy version
     hot_routes_first(app)
 
     # Outermost last: RequestMetrics(InFlight(CORS(AuthGate(BodyLimit(Durability(routes)))))). The gate
