@@ -47,6 +47,7 @@ RANKS: dict[str, float] = {
     "rewards": 13,
     "train": 14,
     "demo": 15,
+    "integrations": 15,  # adapters for other trainers (TRL, verl): on the rollout runner and weight sync
     "cli": 16,
     "__init__": 16,
     "__main__": 16,

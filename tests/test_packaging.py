@@ -49,8 +49,9 @@ def _dists_of(modules: set[str]) -> dict[str, set[str]]:
     return {m: {d.lower().replace("_", "-") for d in by_module.get(m, [])} for m in modules}
 
 
-# Imported only when a user has installed them and asked for them (train/tracking.py: `tracking:`).
-OPTIONAL_IMPORTS = {"wandb", "mlflow"}
+# Imported only when a user has installed them and asked for them (train/tracking.py: `tracking:`;
+# integrations/verl_loop.py: verl's own workers import it; verl 0.9.1 pins transformers<5.11).
+OPTIONAL_IMPORTS = {"wandb", "mlflow", "verl"}
 
 
 def test_every_import_of_the_package_is_declared_and_every_declaration_used():

@@ -30,6 +30,9 @@ Public modules (``PUBLIC_MODULES``): beyond the names above, the docs teach thes
     rlgate.engine                  the engine contract, its capabilities, the engines
     rlgate.store                   the store contract, MemoryStore, open_store
     rlgate.trajectory.export       samples to tensors, JSONL, Parquet, and back
+    rlgate.trajectory.formats      samples in TRL / verl / OpenRLHF layouts (``rlgate export``)
+    rlgate.integrations.trl        a rollout_func for TRL's GRPOTrainer (docs/integrations.md)
+    rlgate.integrations.verl       an agent loop for verl 0.9 (docs/integrations.md)
     rlgate.cluster                 replicas on Ray behind a router
     rlgate.cluster.collector       finished trajectories from every replica
     rlgate.agents                  black-box CLI agents (Claude Code, Codex)
@@ -54,6 +57,9 @@ PUBLIC_MODULES = (
     "rlgate.engine",
     "rlgate.store",
     "rlgate.trajectory.export",
+    "rlgate.trajectory.formats",
+    "rlgate.integrations.trl",
+    "rlgate.integrations.verl",
     "rlgate.cluster",
     "rlgate.cluster.collector",
     "rlgate.agents",
