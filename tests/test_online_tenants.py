@@ -37,6 +37,8 @@ async def test_what_a_tenant_key_reaches(tokenizer, stop_ids, asgi_client):
     app = online_app(tokenizer, stop_ids)
     async with asgi_client(app) as c, app.router.lifespan_context(app):
         tid, tenant = await new_tenant(c)
+        r = await c.get("/v1/models", headers=tenant)  # what SDKs call first: no session is started for it
+        assert r.status_code == 200 and not app.state.online.conversations.sessions_of(tid)
         assert (await c.post("/v1/chat/completions", json={"model": "m", "messages": USER, "max_tokens": 2},
                              headers=tenant)).status_code == 200
         r = await c.post("/v1/messages", json={"model": "m", "messages": USER, "max_tokens": 2}, headers=tenant)

@@ -89,6 +89,16 @@ def session_from_request(request: Request) -> Session:
     return sessions.session_for_key(token)
 
 
+def tenant_from_request(request: Request) -> Tenant | None:
+    """The active tenant whose key the request carries (``rlgate serve --online``), else None."""
+    found = request.scope.get(AUTHENTICATED_TENANT)
+    if isinstance(found, Tenant) and found.active:
+        return found
+    online = getattr(request.app.state, "online", None)
+    token = request_token(request)
+    return online.tenants.identify(token) if online is not None and token is not None else None
+
+
 def is_admin_request(request: Request) -> bool:
     token = request_token(request)
     return token is not None and request.app.state.gateway.sessions.is_admin(token)

@@ -27,7 +27,7 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
-from rlgate.api.auth import is_admin_request, require_admin, session_from_request
+from rlgate.api.auth import is_admin_request, require_admin, session_from_request, tenant_from_request
 from rlgate.api.common import check_depth, has_lone_surrogate, has_non_finite, validation_message
 from rlgate.api.control.protocol import (
     CollectRequest,
@@ -176,7 +176,7 @@ async def health(request: Request) -> dict[str, Any]:
 
 async def list_models(request: Request) -> dict[str, Any]:
     g = gw(request)
-    if not is_admin_request(request):
+    if not is_admin_request(request) and tenant_from_request(request) is None:  # tenants: rlgate serve --online
         session_from_request(request)
     return {"object": "list", "data": [
         {"id": g.config.model_name, "object": "model", "created": int(g.started_at), "owned_by": "rlgate"}

@@ -22,7 +22,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from rlgate.api.auth import AUTHENTICATED_TENANT, is_admin_request, request_token
+from rlgate.api.auth import is_admin_request, tenant_from_request
 from rlgate.api.online.protocol import CreateTenantRequest, DeleteDataRequest, FeedbackRequest, RevokeTenantRequest
 from rlgate.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
 from rlgate.online.service import OnlineGateway
@@ -36,17 +36,13 @@ def online(request: Request) -> OnlineGateway:
 
 
 def caller(request: Request) -> Tenant | None:
-    """The calling tenant; None for the admin key; 401 / 403 for anything else."""
-    tenant = request.scope.get(AUTHENTICATED_TENANT)
-    if isinstance(tenant, Tenant) and tenant.active:
+    """The calling tenant; None for the admin key; 401 for anything else."""
+    tenant = tenant_from_request(request)
+    if tenant is not None:
         return tenant
     if is_admin_request(request):
         return None
-    token = request_token(request)
-    found = online(request).tenants.identify(token) if token else None
-    if found is None:
-        raise AuthenticationFailed("this route needs a tenant key or the admin key")
-    return found
+    raise AuthenticationFailed("this route needs a tenant key or the admin key")
 
 
 def admin_only(request: Request) -> None:
