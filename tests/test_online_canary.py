@@ -163,3 +163,15 @@ async def test_canary_admin_routes(tokenizer, stop_ids, asgi_client) -> None:
         metrics = (await c.get("/metrics", headers=admin_headers())).text
         assert 'rlgate_online_canary_decisions_total{action="rollback",by="operator"} 1.0' in metrics
         assert 'rlgate_online_canary_state{state="pinned"} 1.0' in metrics
+
+
+def test_serve_online_train_needs_online_and_the_local_engine(tiny_tokenizer_dir, capsys) -> None:
+    from rlgate.cli import main
+
+    for extra in ([], ["--online"]):
+        with pytest.raises(SystemExit, match="needs --online and --engine local"):
+            main(["serve", "--model", str(tiny_tokenizer_dir), "--engine", "fake", "--online-train", "--port", "0",
+                  *extra])
+    with pytest.raises(SystemExit, match="canary_share must be in"):
+        main(["serve", "--model", str(tiny_tokenizer_dir), "--engine", "fake", "--online", "--online-train",
+              "--canary-share", "2", "--port", "0"])

@@ -212,3 +212,12 @@ async def test_feedback_and_live_groups_reach_the_trainer_and_deletion_removes_t
         assert 'rlgate_online_groups_total{outcome="completed"} 2.0' in text
         assert 'rlgate_online_version{role="stable"} 0.0' in text
     assert rec.calls == []  # train_batch not reached: nothing trained
+
+
+def test_a_step_takes_at_most_train_batch_max_samples_oldest_first() -> None:
+    now = [0.0]
+    t, rec = _trainer(now, train_batch=2, train_batch_max=3, replay_fraction=0.0)
+    for k in range(5):
+        t.add_feedback(_sample(f"f{k}", float(k % 2), prompt=(k,)), f"c{k}", None, now[0])
+    asyncio.run(t.step_once())
+    assert [s.id for s in rec.calls[0][0]] == ["f0", "f1", "f2"] and t.pending_samples == 2

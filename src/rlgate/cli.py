@@ -83,6 +83,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_arguments(p.add_argument_group("remote engines (--engine sglang | vllm)"), RemoteOptions)
     add_arguments(p.add_argument_group("store"), StoreOptions)
     add_arguments(p.add_argument_group("online: real traffic, tenants, feedback (see docs/online.md)"), OnlineConfig)
+    from rlgate.online.options import OnlineOptions
+
+    add_arguments(p.add_argument_group("online training: live groups, continuous trainer, canary (docs/online.md)"),
+                  OnlineOptions)
     add_arguments(p.add_argument_group("replicas on Ray (see docs/scale-out.md)"), ClusterConfig)
 
 
@@ -107,6 +111,35 @@ def gateway_config(args: argparse.Namespace, admin_key: str) -> GatewayConfig:
     return config
 
 
+def online_options(args: argparse.Namespace, engine: str) -> Any:
+    """The online-training settings when ``--online-train`` is on (None: off); SystemExit for a bad combination."""
+    from rlgate.online.options import OnlineOptions
+
+    try:
+        learning = from_arguments(OnlineOptions, args)
+    except ValueError as exc:
+        raise SystemExit(f"rlgate: {exc}") from exc
+    if not learning.train:
+        return None
+    if not args.online or engine != "local":
+        raise SystemExit("rlgate: --online-train learns from real traffic: it needs --online and --engine local")
+    return learning
+
+
+def online_training(model_dir: str, learning: Any, tokenizer: Any, engine_kwargs: dict[str, Any]) -> Any:
+    """Online training on two local engines holding ``model_dir`` (train/online.py)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlgate.train.online import build_online_training
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    try:
+        return build_online_training(model, learning, tokenizer, engine_kwargs=engine_kwargs)
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:  # a --group-reward that does not load
+        raise SystemExit(f"rlgate: --group-reward: {exc}") from exc
+
+
 def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     from rlgate.engine.options import EngineOptions
     from rlgate.model import context_length, load_tokenizer, stop_token_ids
@@ -116,6 +149,8 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     tokenizer = load_tokenizer(args.model, args.chat_template)
     config = gateway_config(args, admin_key)
     options = from_arguments(EngineOptions, args)
+    learning = online_options(args, options.engine)
+    training = None
     engine: Any
     if options.engine == "fake":
         from rlgate.engine.fake import FakeEngine
@@ -138,9 +173,14 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
             local_engine = engines.LocalEngine
         except ImportError as exc:
             raise SystemExit(f"rlgate: --engine local: {exc}") from exc
-        engine = local_engine(args.model, device=options.device, max_batch_size=options.max_batch_size,
-                             max_context_length=config.context_length,
-                             max_rows_per_session=options.max_rows_per_session)
+        engine_kwargs: dict[str, Any] = {"device": options.device, "max_batch_size": options.max_batch_size,
+                                         "max_context_length": config.context_length,
+                                         "max_rows_per_session": options.max_rows_per_session}
+        if learning is not None:  # two engines (stable + canary) and the trainer: train/online.py
+            training = online_training(args.model, learning, tokenizer, engine_kwargs)
+            engine = training.engines
+        else:
+            engine = local_engine(args.model, **engine_kwargs)
     store_options = from_arguments(StoreOptions, args)
     try:
         store = open_store(store_options.store, data_dir=store_options.data_dir, synchronous=store_options.store_sync)
@@ -156,6 +196,10 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     except BaseException:
         store.close()
         raise
+    if training is not None:
+        from rlgate.server.online_training import attach_online_training
+
+        attach_online_training(app, training)
     gen = app.state.gateway.generation
     print(f"rlgate: model family {gen.family.title} ({gen.family.name}); renderer {gen.renderer.name}; "
           f"tool parser {gen.tool_parser or 'none'}; reasoning parser {gen.reasoning_parser or 'none'}", flush=True)

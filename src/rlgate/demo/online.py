@@ -93,20 +93,14 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
 
     from rlgate.config import GatewayConfig, OnlineConfig
     from rlgate.demo.scripted import ensure_tiny_model
-    from rlgate.engine.local import LocalEngine
     from rlgate.model import load_tokenizer
-    from rlgate.online.canary import Canary
-    from rlgate.online.groups import LiveGroups, scorer_of
+    from rlgate.online.groups import scorer_of
     from rlgate.online.options import OnlineOptions
-    from rlgate.online.trainer import OnlineTrainer
-    from rlgate.online.training import OnlineTraining
-    from rlgate.online.versions import TwoSlotEngine
     from rlgate.server.app import create_app
     from rlgate.server.online_training import attach_online_training
     from rlgate.server.runner import ServerThread
     from rlgate.store.base import MemoryStore
-    from rlgate.train.config import GRPOConfig
-    from rlgate.train.online import OnlinePolicy
+    from rlgate.train.online import build_online_training
     from rlgate.train.policy import save_for_serving
 
     t0 = time.perf_counter()
@@ -115,20 +109,14 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
     tokenizer = load_tokenizer(model_dir)
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     start_state = {k: v.detach().clone() for k, v in base.state_dict().items()}
-    slots = [LocalEngine(model=copy.deepcopy(base), seed=s.seed + i) for i in range(2)]
-    options = OnlineOptions(group_fraction=s.group_fraction, group_size=s.group_size, train_batch=s.train_batch,
-                            canary_share=s.canary_share, canary_margin=s.canary_margin,
+    options = OnlineOptions(train=True, lr=s.lr, group_fraction=s.group_fraction, group_size=s.group_size,
+                            train_batch=s.train_batch, canary_share=s.canary_share, canary_margin=s.canary_margin,
                             canary_min_samples=s.canary_min_samples, canary_plan_samples=s.canary_plan_samples,
                             conversation_idle_s=2.0)
-    canary = Canary(options)
-    engines = TwoSlotEngine(slots[0], slots[1], canary)
-    policy = OnlinePolicy(base, GRPOConfig(lr=s.lr, micro_batch_size=32, device="cpu"), engines)
-    trainer = OnlineTrainer(options, policy, policy.publish)
-    policy.attach(trainer)
-    groups = LiveGroups(options, engines, scorer_of(length_reward(s.max_chars)), trainer.add_group,
-                        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                        waiting=lambda: sum(e.stats()["waiting"] for e in slots))
-    training = OnlineTraining(options, canary, engines, trainer, groups)
+    training = build_online_training(base, options, tokenizer, engine_kwargs={"seed": s.seed},
+                                     scorer=scorer_of(length_reward(s.max_chars)))
+    engines, trainer, canary = training.engines, training.trainer, training.canary
+    assert engines is not None and trainer is not None
     admin = secrets.token_urlsafe(16)
     app = create_app(GatewayConfig(admin_key=admin, max_sessions=1_000_000), engines, MemoryStore(), tokenizer,
                      online=OnlineConfig(online=True))

@@ -16,6 +16,9 @@ from rlgate.config import option
 class OnlineOptions:
     """Live GRPO groups, continuous training and the canary (``rlgate serve --online``)."""
 
+    train: bool = option(False, "learn while serving (with --online and --engine local): live groups, the "
+                         "continuous trainer and the canary on a second engine (docs/online.md)", flag="--online-train")
+    lr: float = option(1e-5, "the online trainer's AdamW learning rate", flag="--online-lr")
     # ---- live groups
     group_fraction: float = option(0.0, "fraction of completed replies that get k-1 extra replies to the same "
                                    "prompt, sampled off the user's path and scored as one GRPO group (0: off)")
@@ -29,6 +32,8 @@ class OnlineOptions:
                                       " (none: live groups are off)", metavar="PATH")
     # ---- continuous trainer
     train_batch: int = option(32, "rewarded samples (fresh ones, replay excluded) before a training step")
+    train_batch_max: int = option(128, "fresh samples one step takes at most (the oldest first; the rest wait "
+                                  "for the next step)")
     max_staleness_versions: int = option(4, "drop a sample whose oldest token is more than this many versions "
                                          "behind the trainer")
     max_staleness_hours: float = option(24.0, "drop a sample generated more than this many hours ago")

@@ -13,7 +13,8 @@ stays free of torch) and offers the new weights as the next canary candidate.
   baseline), since a group of one has no advantage.
 * **Staleness.** A sample is dropped (and counted) when its oldest generated token is more than
   ``max_staleness_versions`` versions behind the trainer's weights, or was generated more than
-  ``max_staleness_hours`` ago. Samples within the bounds are importance-corrected by the trainer
+  ``max_staleness_hours`` ago; a step takes at most ``train_batch_max`` fresh samples, oldest first.
+  Samples within the bounds are importance-corrected by the trainer
   from their recorded per-token logprobs and versions (decoupled PPO: the ratio to the proximal
   policy, weighted by ``min(pi_prox / pi_behav, importance_cap)``). After a step whose weights
   were not yet published, every sample counts as off-policy (its proximal logprobs recomputed).
@@ -149,15 +150,20 @@ class OnlineTrainer:
         return True
 
     def take_batch(self) -> tuple[list[Unit], list[Unit]] | None:
-        """The next step's units (fresh, replayed), or None while fewer than ``train_batch`` fresh samples wait."""
+        """The next step's units (fresh, replayed), or None while fewer than ``train_batch`` fresh samples wait;
+        at most ``train_batch_max`` fresh samples, the oldest first."""
         now = self.clock()
         kept = [u for u in self.pending if self._fresh(u, now, count=True)]
         self.pending.clear()
         self.pending.extend(kept)
         if self.pending_samples < self.options.train_batch:
             return None
-        fresh = list(self.pending)
-        self.pending.clear()
+        fresh: list[Unit] = []
+        taken = 0
+        while self.pending and (not fresh or taken + len(self.pending[0].samples) <= self.options.train_batch_max):
+            unit = self.pending.popleft()
+            fresh.append(unit)
+            taken += len(unit.samples)
         horizon = now - self.options.retention_hours * 3600
         alive = [u for u in self.replay if u.generated_at >= horizon]
         self.replay.clear()

@@ -19,8 +19,11 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from rlgate.engine.base import Engine
-from rlgate.online.canary import Decision
+from rlgate.online.canary import Canary, Decision
+from rlgate.online.groups import GroupScorer, LiveGroups, load_scorer
+from rlgate.online.options import OnlineOptions
 from rlgate.online.trainer import OnlineTrainer
+from rlgate.online.training import OnlineTraining
 from rlgate.online.versions import TwoSlotEngine
 from rlgate.train.config import GRPOConfig
 from rlgate.train.grpo import GRPOTrainer
@@ -111,3 +114,30 @@ class OnlinePolicy:
                 self.online.reset(self.canary.stable_version)
         if self.online is not None:
             self.online.poke()
+
+
+def build_online_training(model: Any, options: OnlineOptions, tokenizer: Any, *, engine_kwargs: dict[str, Any] | None = None,
+                          scorer: GroupScorer | None = None, micro_batch_size: int = 32) -> OnlineTraining:
+    """Online training on the local engine: two engines holding copies of ``model`` (stable + canary slot),
+    the trainer on ``model`` itself, live groups scored by ``scorer`` (default: ``options.group_reward``;
+    none: no live groups). ``training.engines`` is the engine to give ``create_app``; then
+    ``server/online_training.py: attach_online_training(app, training)``."""
+    import copy
+
+    from rlgate.engine.local import LocalEngine
+
+    kw = engine_kwargs or {}
+    slots = [LocalEngine(model=copy.deepcopy(model), **kw) for _ in range(2)]
+    canary = Canary(options)
+    engines = TwoSlotEngine(slots[0], slots[1], canary)
+    policy = OnlinePolicy(model, GRPOConfig(lr=options.lr, micro_batch_size=micro_batch_size), engines)
+    trainer = OnlineTrainer(options, policy, policy.publish)
+    policy.attach(trainer)
+    if scorer is None and options.group_reward:
+        scorer = load_scorer(options.group_reward)
+    groups = None
+    if scorer is not None and options.group_fraction > 0:
+        groups = LiveGroups(options, engines, scorer, trainer.add_group,
+                            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                            waiting=lambda: sum(e.stats()["waiting"] for e in slots))
+    return OnlineTraining(options, canary, engines, trainer, groups)
