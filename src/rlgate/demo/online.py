@@ -153,6 +153,8 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
             trainer.publishing = False
             while canary.canary_version is not None:  # the running canary is decided first
                 await users.run(32, concurrency=s.concurrency)
+            while not engines.can_load():  # the spare slot's conversations go idle (conversation_idle_s)
+                await asyncio.sleep(0.25)
             stable_engine = engines.slot_of(canary.stable_version)
             stable_state = stable_engine.model.state_dict()  # type: ignore[attr-defined]
             bad = copy.deepcopy(base)

@@ -111,9 +111,11 @@ class OnlineTraining:
         for s in ("stable", "canary", "pinned"):
             state.add_metric([s], 1.0 if s == current else 0.0)
         yield state
-        rewards = GaugeMetricFamily("rlgate_online_reward_mean", "mean live reward by weight version",
+        rewards = GaugeMetricFamily("rlgate_online_canary_reward_mean", "mean live reward by weight version as "
+                                    "the canary's test counts it (first reward of a turn, clipped to the range)",
                                     labels=["version"])
-        counts = CounterMetricFamily("rlgate_online_rewards", "live rewards credited, by weight version",
+        counts = CounterMetricFamily("rlgate_online_canary_rewards", "live rewards the canary credited, by weight "
+                                     "version",
                                      labels=["version"])
         for v, tally in sorted(c.rewards.items()):
             rewards.add_metric([str(v)], tally.mean)

@@ -46,7 +46,13 @@ async def online_page(request: Request) -> Response:
     if not is_viewer(request):
         resp = RedirectResponse("/ui/login", status_code=303)
     else:
-        resp = HTMLResponse(document("online", online_section(request.app.state.online), mode="live"))
+        body = online_section(request.app.state.online)
+        training = getattr(request.app.state, "online_training", None)  # set by server/online_training.py
+        if training is not None:
+            from rlgate.ui.online_training import training_section
+
+            body += training_section(training)
+        resp = HTMLResponse(document("online", body, mode="live"))
     resp.headers.update(SECURITY_HEADERS)
     resp.headers["Content-Security-Policy"] = content_security_policy()
     return resp
