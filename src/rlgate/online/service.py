@@ -173,8 +173,10 @@ class OnlineGateway:
         return FeedbackTarget(tenant, conversation_id, None, version_of(turns[-1]) if turns else None)
 
     def record(self, target: FeedbackTarget, kind: str, value: Any, source: FeedbackSource, *,
-               metadata: dict[str, Any] | None = None, other: Interaction | None = None) -> list[FeedbackEvent]:
-        """Store explicit or delayed feedback on ``target`` (a preference: on it and on ``other``)."""
+               metadata: dict[str, Any] | None = None,
+               other: Interaction | None = None) -> tuple[list[FeedbackEvent], float | None]:
+        """Store explicit or delayed feedback on ``target`` (a preference: on it and on ``other``); the
+        events and the target's reward now."""
         try:
             stored = check_value(kind, value, max_comment_chars=self.config.max_comment_chars)
         except ValueError as exc:
@@ -202,19 +204,20 @@ class OnlineGateway:
         events = [FeedbackEvent(id=new_feedback_id(), tenant=target.tenant, conversation_id=target.conversation_id,
                                 interaction_id=tid, kind=kind, value=v, source=source,  # type: ignore[arg-type]
                                 policy_version=version, metadata=m) for tid, v, version, m in pairs]
-        for e in events:
-            self._store(e)
-        return events
+        rewards = [self._store(e) for e in events]
+        return events, rewards[0]
 
     def _emit_implicit(self, event: FeedbackEvent) -> None:
         self._store(event)
 
-    def _store(self, event: FeedbackEvent) -> None:
+    def _store(self, event: FeedbackEvent) -> float | None:
+        """Store an event; the reward of its turn (or conversation) with it."""
         self.records.add_feedback(event)
         self.metrics.record_event(event.kind, event.source, event.interaction_id, event.policy_version)
         target = event.interaction_id or f"{event.tenant}/{event.conversation_id}"
-        self.metrics.record_reward(target, event.policy_version, self.reward(event.tenant, event.conversation_id,
-                                                                             event.interaction_id, also=event))
+        reward = self.reward(event.tenant, event.conversation_id, event.interaction_id, also=event)
+        self.metrics.record_reward(target, event.policy_version, reward)
+        return reward
 
     def feedback(self, tenant: str, conversation_id: str, interaction_id: str | None) -> list[FeedbackEvent]:
         """Every stored event on one turn (or on the conversation as a whole, when ``interaction_id`` is None)."""

@@ -104,11 +104,10 @@ async def post_feedback(request: Request, body: FeedbackRequest) -> dict[str, An
         if found is None or not found[1].completed:
             raise NotFound(f"turn {body.other_interaction_id!r} not found", param="other_interaction_id")
         other = found[1]
-    events = on.record(target, body.kind, body.value, body.source, metadata=body.metadata, other=other)
-    turn = target.interaction.id if target.interaction is not None else None
+    events, reward = on.record(target, body.kind, body.value, body.source, metadata=body.metadata, other=other)
     return {"object": "feedback", "ids": [e.id for e in events], "tenant_id": target.tenant,
-            "conversation_id": target.conversation_id, "interaction_id": turn,
-            "reward": on.reward(target.tenant, target.conversation_id, turn, also=events[0])}
+            "conversation_id": target.conversation_id, "interaction_id": events[0].interaction_id,
+            "reward": reward}
 
 
 @router.get("/v1/feedback", tags=["online"])
