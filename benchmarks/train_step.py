@@ -14,6 +14,16 @@
    padded batch: plain ``model(...)`` + masked cross-entropy + backward + the same
    optimiser. Prints tokens/s (all tokens in the batch, and loss tokens) and the ratio.
 3. With ``--demo-summary``, also prints the rollout / train fractions of a full demo run.
+
+``--synthetic`` skips the gateway: the batch is the demo's math prompts (the real model's task with
+``--model``) as the gateway renders them, each followed by ``--completion`` sampled tokens whose
+recorded logprobs are the model's own (an on-policy batch). ``--variants`` then times, interleaved
+on that batch: the GRPO step (logits trimmed to the generated span, the default; and with every
+logit), the bare step, the bare step under bf16 autocast, the GRPO step with bf16 weights
+(``train.dtype``) and with gradient checkpointing; and reports the padding in the batch (what
+sequence packing could save at most)::
+
+    python benchmarks/train_step.py --model DIR --synthetic --variants --repeats 3
 """
 
 from __future__ import annotations
@@ -115,8 +125,10 @@ def time_steps(model_dir: Path, last: dict, repeats: int) -> tuple[list[float], 
     def grpo_step() -> None:
         trainer.step(samples, gids, version)
 
-    grpo_t, bare_t = [], []
-    grpo_step(), bare_step()  # warm-up
+    grpo_t: list[float] = []
+    bare_t: list[float] = []
+    grpo_step()  # warm-up
+    bare_step()
     for _ in range(repeats):  # interleaved, so machine noise hits both alike
         t = time.perf_counter()
         grpo_step()
@@ -125,6 +137,96 @@ def time_steps(model_dir: Path, last: dict, repeats: int) -> tuple[list[float], 
         bare_step()
         bare_t.append(time.perf_counter() - t)
     return grpo_t, bare_t, real_tokens, loss_tokens
+
+
+def synthetic_batch(model_dir: Path, groups: int, group_size: int, completion: int, seed: int) -> dict:
+    """The demo's prompts as the gateway renders them + ``completion`` tokens sampled from the model
+    (their recorded logprobs are the model's own: an on-policy batch), as exported samples."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlgate.chat.conversation import Message
+    from rlgate.chat.render import ChatRenderer
+    from rlgate.demo.real import real_task
+    from rlgate.demo.tasks import TASKS
+    from rlgate.model import load_tokenizer
+    from rlgate.train.loss import token_logprobs
+    from rlgate.trajectory.sample import Sample
+
+    renderer = ChatRenderer(load_tokenizer(model_dir))
+    real = (model_dir / "rlgate-gguf.json").is_file()
+    items = (real_task if real else TASKS["math"])(seed=0).train[:groups]
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    torch.manual_seed(seed)
+    samples: list[Sample] = []
+    gids: list[str] = []
+    for g, it in enumerate(items):
+        prompt = renderer.render_ids([Message.of("user", it["question"])])
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), do_sample=True, max_new_tokens=completion,
+                                 min_new_tokens=completion, num_return_sequences=group_size, top_k=0, pad_token_id=0)
+            lps = token_logprobs(model(input_ids=out).logits, out)
+        for row, lp_row in zip(out.tolist(), lps.tolist(), strict=True):
+            ids, lp = row, lp_row
+            n = len(prompt)
+            samples.append(Sample(id=f"s{len(samples)}", input_ids=ids, loss_mask=[0] * n + [1] * completion,
+                                  logprobs=[0.0] * n + lp[n:], versions=[-1] * n + [0] * completion,
+                                  reward=float(len(samples) % 2)))
+            gids.append(f"g{g}")
+    return {"samples": samples, "group_ids": gids, "version": 0}
+
+
+def time_variants(model_dir: Path, last: dict, repeats: int, micro: int) -> list[tuple[str, list[float]]]:
+    """Seconds per step of each variant on the same batch, interleaved."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlgate.train.grpo import GRPOConfig, GRPOTrainer
+    from rlgate.trajectory.export import to_padded_tensors
+
+    samples, gids, version = last["samples"], last["group_ids"], last["version"]
+    batch = to_padded_tensors(samples)
+    loss_tokens = int(batch["loss_mask"].sum())
+
+    def grpo(trim: bool = True, dtype: torch.dtype = torch.float32, checkpointing: bool = False):
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        trainer = GRPOTrainer(model, GRPOConfig(lr=1e-5, micro_batch_size=micro, device="cpu", trim_logits=trim))
+        return lambda: trainer.step(samples, gids, version)
+
+    def bare(autocast: bool = False):
+        model = AutoModelForCausalLM.from_pretrained(model_dir).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+        def step() -> None:
+            n = batch["input_ids"].shape[0]
+            for s in range(0, n, micro):
+                ids = batch["input_ids"][s:s + micro]
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    logits = model(input_ids=ids, attention_mask=batch["attention_mask"][s:s + micro].long()).logits
+                mask = batch["loss_mask"][s:s + micro, 1:]
+                ce = torch.nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:],
+                                                       reduction="none")
+                ((ce * mask).sum() / loss_tokens).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    variants = {"bare fwd+bwd+AdamW": bare(), "GRPO step (trimmed logits)": grpo(),
+                "GRPO step, every logit": grpo(trim=False), "bare, bf16 autocast": bare(autocast=True),
+                "GRPO step, bf16 weights": grpo(dtype=torch.bfloat16),
+                "GRPO step, grad checkpointing": grpo(checkpointing=True)}
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for fn in variants.values():
+        fn()  # warm-up
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return list(times.items())
 
 
 def fractions(history: list[dict]) -> dict[str, float]:
@@ -150,6 +252,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     ap.add_argument("--demo-summary", help="a demo's summary.json: print its rollout / train split too")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--synthetic", action="store_true", help="no gateway: a sampled on-policy batch of the demo's prompts")
+    ap.add_argument("--completion", type=int, default=8, help="--synthetic: generated tokens per sample")
+    ap.add_argument("--variants", action="store_true", help="time bf16, checkpointing, every-logit variants too")
+    ap.add_argument("--micro-batch", type=int, default=32)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -164,11 +270,32 @@ def main() -> None:
 
             model_dir = ensure_tiny_model(workdir)
         print(f"model: {model_dir if args.model else 'tiny (built offline)'}; torch threads {torch.get_num_threads()}")
-        history, last = asyncio.run(collect(model_dir, workdir, args.steps, args.groups, args.group_size, args.seed))
-        f = fractions(history)
-        print(f"\nRL loop, {args.steps} steps x {args.groups} groups x {args.group_size} episodes "
-              f"({f['seconds_per_step']:.2f} s/step):")
-        print(f"  rollout {f['rollout']:6.1%}   train {f['train']:6.1%}   weight sync {f['sync']:6.1%}")
+        if args.synthetic:
+            last = synthetic_batch(model_dir, args.groups, args.group_size, args.completion, args.seed)
+        else:
+            history, last = asyncio.run(collect(model_dir, workdir, args.steps, args.groups, args.group_size,
+                                                args.seed))
+            f = fractions(history)
+            print(f"\nRL loop, {args.steps} steps x {args.groups} groups x {args.group_size} episodes "
+                  f"({f['seconds_per_step']:.2f} s/step):")
+            print(f"  rollout {f['rollout']:6.1%}   train {f['train']:6.1%}   weight sync {f['sync']:6.1%}")
+        if args.variants:
+            from rlgate.trajectory.export import to_padded_tensors
+
+            batch = to_padded_tensors(last["samples"])
+            real, padded = int(batch["attention_mask"].sum()), batch["attention_mask"].numel()
+            loss_tokens = int(batch["loss_mask"].sum())
+            print(f"\nbatch: {len(last['samples'])} samples, {real} tokens ({loss_tokens} with loss), padded to "
+                  f"{padded} ({1 - real / padded:.1%} padding: the most packing could save); load "
+                  f"{os.getloadavg()[0]:.1f}")
+            rows = time_variants(model_dir, last, args.repeats, args.micro_batch)
+            base_t = statistics.median(rows[0][1])
+            print(f"\n| variant (median of {args.repeats}, interleaved) | s/step | tokens/s | vs bare |\n|---|---|---|---|")
+            for name, ts in rows:
+                m = statistics.median(ts)
+                print(f"| {name} | {m:.3f} | {real / m:,.0f} | {m / base_t:.2f}x |")
+            print(f"load after: {os.getloadavg()[0]:.1f}")
+            return
 
         grpo_t, bare_t, tokens, loss_tokens = time_steps(model_dir, last, args.repeats)
     g, b = statistics.median(grpo_t), statistics.median(bare_t)

@@ -1,0 +1,298 @@
+"""rlgate's GRPO loop against TRL's ``GRPOTrainer``, side by side, on the demo's math task.
+
+    python benchmarks/vs_trl.py --out /tmp/vs-trl --steps 30                      # toy, 3 seeds
+    python benchmarks/vs_trl.py --out /tmp/vs-trl --model smollm2 --steps 8
+    python benchmarks/vs_trl.py --out /tmp/vs-trl --sides rlgate rlgate-async trl --seeds 0
+
+Both sides start from the same weights (toy: the demo's supervised warm start of the tiny model,
+cached in ``--out``; ``smollm2``: SmolLM2-135M-Instruct as ``rlgate models fetch`` converted it, no
+warm start), train on the same prompts with the same reward for ``--steps`` steps of
+``groups`` prompts × ``group_size`` completions of at most ``max_tokens`` new tokens at T = 1,
+with the same learning rate (constant), no KL, AdamW, gradient clipping 1.0, token-level loss
+normalisation (TRL's ``dapo``, rlgate's only one), advantages mean-centred without std scaling,
+one update per batch, gradient checkpointing off:
+
+* ``trl``: TRL's ``GRPOTrainer`` with its own generation (``model.generate`` in the trainer);
+  the prompt is the one user message rendered by the checkpoint's chat template (checked to be
+  the very token ids the gateway renders);
+* ``rlgate``: ``rlgate train`` (``run_training``: in-process gateway, the demo's unmodified SDK
+  agents, half Anthropic and half OpenAI, over HTTP on 127.0.0.1), on-policy (``max_staleness 0``);
+* ``rlgate-async``: the same with ``max_staleness 1``: rollout of the next step overlaps the
+  training step (off-policy tokens corrected by the recorded behaviour logprobs).
+
+Each (side, seed) runs in its own child process, sides interleaved seed by seed so that the
+machine's load falls on all of them alike. Per run: the median step time over steps 6..N and its
+rollout / train split (TRL: generation + scoring vs the rest of the step), generated tokens per
+second of step time, the loop's wall time (sum of step times), and held-out greedy accuracy
+before and after (the same evaluation for both: ``model.generate`` greedy on the held-out
+questions, reward 1.0 = right). Prints a Markdown table; ``--json`` writes the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SIDES = ("rlgate", "rlgate-async", "trl")
+
+
+def settings(model: str) -> dict[str, Any]:
+    if model == "smollm2":  # the real-model demo's settings (demo/real.py)
+        return {"groups": 4, "group_size": 8, "lr": 5e-5, "max_tokens": 8, "eval_items": 100}
+    return {"groups": 8, "group_size": 8, "lr": 1e-4, "max_tokens": 8, "eval_items": 200}
+
+
+def prepare(out: Path, model: str) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The starting checkpoint, the training items and the held-out items."""
+    from rlgate.demo.tasks import TASKS
+
+    if model == "smollm2":
+        from rlgate.demo.real import DEFAULT_MODEL, real_task
+        from rlgate.train.loading import resolve_model
+
+        split = real_task(seed=0)
+        return resolve_model(DEFAULT_MODEL), split.train, split.heldout[:settings(model)["eval_items"]]
+    from rlgate.demo.rl import DemoSettings
+    from rlgate.demo.scripted import ensure_tiny_model
+    from rlgate.demo.sft import warm_start
+
+    s = DemoSettings.for_task("math")
+    base = ensure_tiny_model(out)
+    split = TASKS["math"](seed=0)
+    validation = split.train[:s.validation_items]
+    warm = out / "warm-start-math-seed0"
+    warm_start(base, warm, split.train[len(validation):], task="math", steps=s.warm_start_steps, seed=0,
+               lr=s.warm_start_lr, batch_size=s.warm_start_batch, target_accuracy=s.warm_start_target,
+               validation=validation, check_every=s.check_every, log=print)
+    return warm, split.train, split.heldout[:s.eval_items]
+
+
+def prompt_ids(model_dir: Path, items: list[dict[str, Any]]) -> list[list[int]]:
+    """Each item's one user message as the gateway renders it (token ids)."""
+    from rlgate.chat.conversation import Message
+    from rlgate.chat.render import ChatRenderer
+    from rlgate.model import load_tokenizer
+
+    renderer = ChatRenderer(load_tokenizer(model_dir))
+    return [renderer.render_ids([Message.of("user", it["question"])]) for it in items]
+
+
+def greedy_accuracy(model: Any, model_dir: Path, items: list[dict[str, Any]], max_tokens: int) -> float:
+    """Fraction of ``items`` whose greedy reply earns reward 1.0 (the agents' own reward)."""
+    from rlgate.chat.render import ChatRenderer
+    from rlgate.demo.math_agent import reward_for
+    from rlgate.demo.sft import greedy_texts
+    from rlgate.model import load_tokenizer, stop_token_ids
+
+    tok = load_tokenizer(model_dir)
+    texts = greedy_texts(model, ChatRenderer(tok), prompt_ids(model_dir, items), stop_token_ids(tok, model_dir),
+                         max_new_tokens=max_tokens, batch_size=50)
+    return sum(reward_for(it)(t, it["answer"]) >= 1.0 for t, it in zip(texts, items, strict=True)) / len(items)
+
+
+# ---------------------------------------------------------------------------------- rlgate
+
+
+def run_rlgate(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout: list[dict[str, Any]],
+               model: str, seed: int, steps: int, staleness: int, extra: dict[str, Any]) -> dict[str, Any]:
+    import asyncio
+
+    from rlgate.train.config import TrainConfig
+    from rlgate.train.run import Hooks, run_training
+    from rlgate.trajectory.export import write_jsonl
+
+    s = settings(model)
+    run_dir = out / f"run-rlgate-s{staleness}-{model}-seed{seed}"
+    write_jsonl(train, out / f"{model}-train.jsonl")
+    raw: dict[str, Any] = {
+        "model": str(model_dir), "out_dir": str(run_dir), "dataset": str(out / f"{model}-train.jsonl"),
+        "agent": "rlgate.demo.agents:EitherSDKMathAgent",
+        "agent_kwargs": {"model": "policy", "max_tokens": s["max_tokens"]},
+        "steps": steps, "seed": seed, "checkpoint_every": 10**6, "keep_checkpoints": 1, "resume": False,
+        "grpo": {"lr": s["lr"], "groups_per_step": s["groups"], "micro_batch_size": 64, "device": "cpu",
+                 "max_staleness": staleness, "pad_token_id": 0},
+        "rollout": {"group_size": s["group_size"], "concurrency": s["groups"] * s["group_size"], "seed": seed},
+        "tracking": {"plot": False, "tensorboard": False, "stdout": False},
+    }
+    for section, values in extra.items():
+        raw[section] = {**raw.get(section, {}), **values} if isinstance(values, dict) else values
+    cfg = TrainConfig.model_validate(raw)
+    got: dict[str, Any] = {}
+
+    class Measure(Hooks):
+        def on_start(self, run: Any) -> None:
+            got["before"] = greedy_accuracy(run.trainer.model, model_dir, heldout, s["max_tokens"])
+            got["t0"] = time.perf_counter()
+
+        def on_end(self, run: Any) -> None:
+            got["loop_wall_s"] = time.perf_counter() - got["t0"]
+            got["after"] = greedy_accuracy(run.trainer.model, model_dir, heldout, s["max_tokens"])
+
+    asyncio.run(run_training(cfg, Measure(), stdout=False))
+    history = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return {"history": [{"step_s": h["step_s"], "rollout_s": h["rollout_s"], "train_s": h["train_s"] + h["sync_s"],
+                         "tokens": h["generated_tokens"], "reward": h["reward"]} for h in history],
+            "accuracy_before": got["before"], "accuracy_after": got["after"], "loop_wall_s": got["loop_wall_s"]}
+
+
+# ---------------------------------------------------------------------------------- TRL
+
+
+def run_trl(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout: list[dict[str, Any]],
+            model: str, seed: int, steps: int) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlgate.demo.math_agent import reward_for
+    from rlgate.model import load_tokenizer, stop_token_ids
+
+    s = settings(model)
+    tok = load_tokenizer(model_dir)
+    stops = stop_token_ids(tok, model_dir)
+    # the prompt TRL sends to generate: the chat template's text, the same ids the gateway renders
+    texts = [tok.apply_chat_template([{"role": "user", "content": it["question"]}], tokenize=False,
+                                     add_generation_prompt=True) for it in train[:50]]
+    want = prompt_ids(model_dir, train[:50])
+    got_ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    if got_ids != want:
+        raise SystemExit("TRL's prompt ids differ from the gateway's: the comparison would not be fair")
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": it["question"]}], "answer": it["answer"],
+                               "format": it.get("format", "")} for it in train])
+
+    def reward(completions: list[Any], answer: list[str], format: list[str], **_: Any) -> list[float | None]:  # noqa: A002
+        out: list[float | None] = []
+        for c, a, f in zip(completions, answer, format, strict=True):
+            text = c[0]["content"] if isinstance(c, list) else c
+            out.append(reward_for({"format": f})(text, a))
+        return out
+
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    before = greedy_accuracy(policy, model_dir, heldout, s["max_tokens"])
+    n = s["groups"] * s["group_size"]
+    args = GRPOConfig(
+        output_dir=str(out / f"run-trl-{model}-seed{seed}"), max_steps=steps, learning_rate=s["lr"],
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch",
+        per_device_train_batch_size=n, num_generations=s["group_size"], gradient_accumulation_steps=1,
+        max_completion_length=s["max_tokens"], temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=0.2,
+        loss_type="dapo", scale_rewards="none", num_iterations=1, gradient_checkpointing=False,
+        disable_dropout=True, use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1,
+        seed=seed, data_seed=seed, generation_kwargs={"eos_token_id": stops},
+    )
+    times: dict[str, list[float]] = {"gen": [], "step": []}
+
+    class Trainer(GRPOTrainer):
+        def _generate_and_score_completions(self, *a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return super()._generate_and_score_completions(*a, **k)
+            finally:
+                times["gen"].append(time.perf_counter() - t)
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a: Any, **k: Any) -> None:
+            self.t = time.perf_counter()
+
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            times["step"].append(time.perf_counter() - self.t)
+
+    trainer = Trainer(model=policy, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
+                      callbacks=[Clock()])
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    after = greedy_accuracy(trainer.model, model_dir, heldout, s["max_tokens"])
+    logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
+    history = [{"step_s": st, "rollout_s": g, "train_s": st - g, "tokens": lg["completions/mean_length"] * n,
+                "reward": lg["reward"]} for st, g, lg in zip(times["step"], times["gen"], logs, strict=False)]
+    return {"history": history, "accuracy_before": before, "accuracy_after": after, "loop_wall_s": wall}
+
+
+# ---------------------------------------------------------------------------------- driver
+
+
+def summarise(side: str, seed: int, res: dict[str, Any]) -> dict[str, Any]:
+    h = res["history"]
+    tail = h[5:] if len(h) > 6 else h
+    med = statistics.median(x["step_s"] for x in tail)
+    return {"side": side, "seed": seed, "steps": len(h), "step_s": med,
+            "rollout_s": statistics.median(x["rollout_s"] for x in tail),
+            "train_s": statistics.median(x["train_s"] for x in tail),
+            "tokens_per_s": sum(x["tokens"] for x in h) / max(sum(x["step_s"] for x in h), 1e-9),
+            "loop_s": sum(x["step_s"] for x in h), "accuracy_before": res["accuracy_before"],
+            "accuracy_after": res["accuracy_after"], "reward_last5": statistics.fmean(x["reward"] for x in h[-5:]),
+            "rewards": [round(x["reward"], 3) for x in h]}
+
+
+def child(args: argparse.Namespace, out: Path) -> None:
+    import torch
+
+    torch.manual_seed(args.seed)
+    model_dir, train, heldout = prepare(out, args.model)
+    extra = json.loads(args.extra) if args.extra else {}
+    if args.child == "trl":
+        res = run_trl(out, model_dir, train, heldout, args.model, args.seed, args.steps)
+    else:
+        res = run_rlgate(out, model_dir, train, heldout, args.model, args.seed, args.steps,
+                         1 if args.child == "rlgate-async" else 0, extra)
+    print("ROW " + json.dumps(summarise(args.child, args.seed, res)), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="vs-trl-out")
+    ap.add_argument("--model", choices=("toy", "smollm2"), default="toy")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
+    ap.add_argument("--extra", default=None, help="JSON merged into the rlgate TrainConfig (e.g. levers)")
+    ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.child:
+        child(args, out)
+        return
+    prepare(out, args.model)  # the warm start, once, before any timing
+    rows = []
+    for seed in args.seeds:
+        for side in args.sides:
+            cmd = [sys.executable, __file__, "--out", str(out), "--model", args.model, "--steps", str(args.steps),
+                   "--child", side, "--seed", str(seed)] + (["--extra", args.extra] if args.extra else [])
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            line = next((x for x in proc.stdout.splitlines() if x.startswith("ROW ")), None)
+            if line is None:
+                raise SystemExit(f"{side} seed {seed} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+            rows.append({**json.loads(line[4:]), "load": os.getloadavg()[0]})
+            print(rows[-1], flush=True)
+    print(f"\n{args.model}, {args.steps} steps, {settings(args.model)}\n")
+    print("| side | seed | s/step (median 6..N) | rollout s | train s | gen tok/s | loop wall s | held-out greedy "
+          "before -> after | load |\n|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['side']} | {r['seed']} | {r['step_s']:.2f} | {r['rollout_s']:.2f} | {r['train_s']:.2f} | "
+              f"{r['tokens_per_s']:.0f} | {r['loop_s']:.1f} | {100 * r['accuracy_before']:.1f}% -> "
+              f"{100 * r['accuracy_after']:.1f}% | {r['load']:.1f} |")
+    for side in args.sides:
+        mine = [r for r in rows if r["side"] == side]
+        print(f"{side}: mean s/step {statistics.fmean(r['step_s'] for r in mine):.2f}, mean loop wall "
+              f"{statistics.fmean(r['loop_s'] for r in mine):.1f} s, accuracy after "
+              f"{100 * statistics.fmean(r['accuracy_after'] for r in mine):.1f}%")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
