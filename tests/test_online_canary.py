@@ -175,3 +175,19 @@ def test_serve_online_train_needs_online_and_the_local_engine(tiny_tokenizer_dir
     with pytest.raises(SystemExit, match="canary_share must be in"):
         main(["serve", "--model", str(tiny_tokenizer_dir), "--engine", "fake", "--online", "--online-train",
               "--canary-share", "2", "--port", "0"])
+
+
+def test_the_viewer_section_shows_state_test_and_decisions() -> None:
+    from rlgate.online.training import OnlineTraining
+    from rlgate.ui.online_training import training_section
+
+    canary = _canary()
+    canary.start(1)
+    for _ in range(30):
+        canary.observe(0, 1.0)
+        canary.observe(1, 0.5)
+    html = training_section(OnlineTraining(canary.options, canary))
+    assert "state <b>canary</b>" in html and "always-valid interval" in html and "30 canary rewards" in html
+    canary.rollback(reason="<script>bad</script>")
+    html = training_section(OnlineTraining(canary.options, canary))
+    assert "no canary running" in html and "&lt;script&gt;" in html and "<script>" not in html
