@@ -33,6 +33,7 @@ TORCH_FILES = ("test_engine_local.py", "test_train_loop.py", "test_train_loss.py
 collect_ignore = list(TORCH_FILES) if WITHOUT_TORCH else []
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``torch`` what needs it: the tests that take the tiny model, those in TORCH_FILES and those of a
     module that imports torch (``torch = pytest.importorskip("torch")``); without torch they are skipped."""
@@ -41,6 +42,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if ("tiny_model_dir" in getattr(item, "fixturenames", ()) or item.path.name in TORCH_FILES
                 or getattr(module_torch, "__name__", None) == "torch"):
             item.add_marker(pytest.mark.torch)
+        # pytest-xdist (make test runs -n 2 --dist loadgroup): tests that share an expensive session fixture
+        # (one Ray cluster; the family checkpoints with their slow BPE builds) stay on one worker
+        if "ray_local" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+        elif "family_dirs" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("families"))
         if WITHOUT_TORCH and item.get_closest_marker("torch"):
             item.add_marker(pytest.mark.skip(reason="needs torch (make test-core runs without it)"))
 

@@ -331,6 +331,7 @@ def _ai_sdk() -> Path:
     return SDK_PREFIX
 
 
+@pytest.mark.xdist_group("npm-ai-sdk")  # one npm install into the shared prefix at a time
 @pytest.mark.parametrize("kind", ["openai", "openai_chat", "anthropic"])
 async def test_vercel_ai_sdk_defaults(make_app, tokenizer, kind, tmp_path):
     """The Vercel AI SDK (ai 6, @ai-sdk/openai 3, @ai-sdk/anthropic 3) with its defaults: openai() is the
