@@ -7,16 +7,16 @@ from typing import Any
 from helpers import ADMIN_KEY, admin_headers
 
 
-def online_app(tokenizer, stop_ids, store=None, gateway: dict[str, Any] | None = None, **online: Any):
+def online_app(tokenizer, stop_ids, store=None, gateway: dict[str, Any] | None = None, engine=None, **online: Any):
     """A gateway app with ``OnlineConfig(online=True, **online)`` on the fake engine (``gateway``: more
-    ``GatewayConfig`` fields)."""
+    ``GatewayConfig`` fields; ``engine``: another engine)."""
     from rlgate.config import GatewayConfig, OnlineConfig
     from rlgate.engine.fake import FakeEngine
     from rlgate.server.app import create_app
     from rlgate.store.base import MemoryStore
 
     config = GatewayConfig(admin_key=ADMIN_KEY, **(gateway or {}))
-    return create_app(config, FakeEngine(tokenizer), store or MemoryStore(), tokenizer, stop_token_ids=stop_ids,
+    return create_app(config, engine or FakeEngine(tokenizer), store or MemoryStore(), tokenizer, stop_token_ids=stop_ids,
                       online=OnlineConfig(online=True, **online))
 
 

@@ -172,3 +172,71 @@ async def test_the_redaction_hook_runs_before_exports(tokenizer, stop_ids, asgi_
         r = await c.post("/rl/collect", json={"max_sessions": 10}, headers=admin_headers())
         exported = [i for s in r.json()["sessions"] for i in s["interactions"]]
         assert [i["id"] for i in exported] == [ok]
+
+
+async def test_a_turn_being_generated_holds_its_deletion_back(tokenizer, stop_ids, asgi_client):
+    import asyncio
+
+    from helpers import eventually
+    from rlgate.engine.fake import FakeEngine
+
+    app = online_app(tokenizer, stop_ids, engine=FakeEngine(tokenizer, token_delay=0.05, output_tokens=40))
+    on = app.state.online
+    async with asgi_client(app) as c, app.router.lifespan_context(app):
+        tid, tenant = await new_tenant(c)
+        slow = asyncio.create_task(c.post("/v1/chat/completions", headers={**tenant, "X-Conversation-Id": "busy"},
+                                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                "max_tokens": 40, "stream": True}))
+        await eventually(lambda: any(s.in_flight for s in on.conversations.sessions_of(tid)), timeout=120,
+                         what="the generation to start")
+        r = await c.post("/v1/data/delete", json={"conversation_id": "busy"}, headers=tenant)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "generation_in_flight"
+        assert (await slow).status_code == 200
+        r = await c.post("/v1/data/delete", json={"conversation_id": "busy"}, headers=tenant)
+        assert r.status_code == 200 and len(r.json()["interaction_ids"]) == 1
+
+
+class FailingDeletes:
+    """A store whose deletions fail to become durable (a full disk at the wrong moment)."""
+
+    def __init__(self) -> None:
+        from rlgate.store.base import MemoryStore
+
+        self.inner = MemoryStore()
+        self.fail = False
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def delete_session(self, session_id: str) -> int:
+        return 7 if self.fail else 0
+
+    def delete_interactions(self, session_id: str, ids) -> int:
+        return 7 if self.fail else 0
+
+    async def wait_durable(self, seqs) -> None:
+        from rlgate.store.base import StoreError
+
+        if 7 in seqs:
+            raise StoreError("disk full")
+
+
+async def test_a_deletion_the_store_refused_leaves_the_data_reachable(tokenizer, stop_ids, asgi_client):
+    store = FailingDeletes()
+    app = online_app(tokenizer, stop_ids, store)
+    on = app.state.online
+    async with asgi_client(app) as c, app.router.lifespan_context(app):
+        tid, tenant = await new_tenant(c)
+        named = await chat(c, tenant, [{"role": "user", "content": "a"}], conversation="n")
+        tree = await chat(c, tenant, [{"role": "user", "content": "b"}])
+        store.fail = True
+        for conversation in ("n", tree):
+            r = await c.post("/v1/data/delete", json={"conversation_id": conversation}, headers=tenant)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
+        # still there, so that the client's retry deletes it
+        assert on.conversations.find_turn(tid, named) is not None and on.conversations.find_turn(tid, tree) is not None
+        store.fail = False
+        for conversation in ("n", tree):
+            assert (await c.post("/v1/data/delete", json={"conversation_id": conversation},
+                                 headers=tenant)).status_code == 200
+        assert on.conversations.find_turn(tid, named) is None and on.conversations.find_turn(tid, tree) is None

@@ -507,6 +507,7 @@ class SessionManager:
         """Drop these interactions (a whole tree: none is the parent of one kept) from the session in
         memory; the caller deletes their rows."""
         gone = set(interaction_ids)
+        before = dict(session.interactions), {k: list(v) for k, v in session.prefix_index.items()}
         for iid in gone:
             session.interactions.pop(iid, None)
         for key, ids in list(session.prefix_index.items()):
@@ -516,6 +517,14 @@ class SessionManager:
             else:
                 del session.prefix_index[key]
         session.digest_memo.clear()
+
+        def undo() -> None:  # the rows were not deleted: the turns stay reachable (a retry deletes them)
+            session.interactions.clear()
+            session.interactions.update(before[0])
+            session.prefix_index.clear()
+            session.prefix_index.update(before[1])
+
+        on_write_failure(undo)
 
     # ------------------------------------------------------------------ housekeeping
 

@@ -143,6 +143,13 @@ class Conversations:
                 out.append((s, tree))
         return out
 
+    def remember(self, session: Session) -> None:
+        """Map a session again (its deletion's writes failed: it stays, reachable)."""
+        tenant = tenant_of(session)
+        if tenant is not None:
+            self._by_tenant.setdefault(tenant, {})[session.id] = None
+            self._current.setdefault((tenant, session.metadata.get(CONVERSATION_KEY)), session.id)
+
     def forget(self, session: Session) -> None:
         tenant = tenant_of(session)
         if tenant is None:

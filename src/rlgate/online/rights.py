@@ -14,10 +14,12 @@ the deletion names their session and interaction ids so that their holder can ac
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rlgate.core.request_scope import on_write_failure
 from rlgate.core.sessions import SessionManager
 from rlgate.errors import Conflict
 from rlgate.online.conversations import Conversations
@@ -108,6 +110,7 @@ class DataRights:
             if len(ids) == len(session.interactions):  # the whole session (a named conversation, or all of it)
                 self.sessions.delete_session(session)
                 self.conversations.forget(session)
+                on_write_failure(functools.partial(self.conversations.remember, session))
                 session_ids.append(session.id)
                 if self.implicit is not None:
                     self.implicit.forget(session.id)
