@@ -273,3 +273,20 @@ async def test_the_viewer_shows_feedback_rate_and_reward_per_version(tokenizer, 
         assert "<td>0</td><td>2</td><td>1</td><td>50.0%</td><td>1</td><td>+0.500</td>" in r.text
         assert (await c.get("/ui/online", follow_redirects=False)).status_code == 303  # no key: the login form
         assert (await c.get("/ui/online", headers=tenant, follow_redirects=False)).status_code == 303
+
+
+async def test_implicit_signals_are_stored_once_across_a_restart(tokenizer, stop_ids, asgi_client, tmp_path):
+    from rlgate.store.sqlite import SQLiteStore
+
+    path = tmp_path / "s.sqlite"
+    app = online_app(tokenizer, stop_ids, SQLiteStore(path), implicit_scan_interval=3600)
+    async with asgi_client(app) as c, app.router.lifespan_context(app):
+        tid, tenant = await new_tenant(c)
+        first = await chat(c, tenant, USER, conversation="r")
+        await chat(c, tenant, USER, conversation="r")
+        app.state.online.implicit.scan()
+    app = online_app(tokenizer, stop_ids, SQLiteStore(path), implicit_scan_interval=3600)
+    async with app.router.lifespan_context(app):
+        app.state.online.implicit.scan()  # the restored turns are looked at again
+        events = app.state.online.records.list_feedback(tenant=tid).events
+    assert [(e.value, e.interaction_id) for e in events] == [("regenerate", first)]
