@@ -145,7 +145,12 @@ def test_the_pending_queue_is_bounded() -> None:
 # ---------------------------------------------------------------------------- wired into a gateway
 
 
-def _wired(tokenizer, stop_ids, **opts: object):
+def withhold_secrets(sample: dict) -> dict | None:
+    """A redaction hook for the tests: withholds any sample whose messages mention "secret"."""
+    return None if "secret" in str(sample["messages"]) else sample
+
+
+def _wired(tokenizer, stop_ids, redaction: str | None = None, **opts: object):
     """An online gateway (fake engines: stable + spare) with online training; the stepper records."""
     from helpers import ADMIN_KEY
     from rlgate.config import GatewayConfig, OnlineConfig
@@ -167,11 +172,11 @@ def _wired(tokenizer, stop_ids, **opts: object):
         return None
 
     trainer = OnlineTrainer(options, rec, publish)
-    groups = LiveGroups(options, engines, scorer_of(lambda s: float(len(s.output_text))), trainer.add_group,
-                        decode=tokenizer.decode)
-    training = OnlineTraining(options, canary, engines, trainer, groups, poll_interval=0.01)
+    training = OnlineTraining(options, canary, engines, trainer, poll_interval=0.01)
+    training.groups = LiveGroups(options, engines, scorer_of(lambda s: float(len(s.output_text))), training.add_group,
+                                 decode=tokenizer.decode)
     app = create_app(GatewayConfig(admin_key=ADMIN_KEY), engines, MemoryStore(), tokenizer, stop_token_ids=stop_ids,
-                     online=OnlineConfig(online=True))
+                     online=OnlineConfig(online=True, redaction_hook=redaction))
     return attach_online_training(app, training), training, rec
 
 
@@ -221,3 +226,37 @@ def test_a_step_takes_at_most_train_batch_max_samples_oldest_first() -> None:
         t.add_feedback(_sample(f"f{k}", float(k % 2), prompt=(k,)), f"c{k}", None, now[0])
     asyncio.run(t.step_once())
     assert [s.id for s in rec.calls[0][0]] == ["f0", "f1", "f2"] and t.pending_samples == 2
+
+
+async def test_the_redaction_hook_sees_every_sample_before_the_trainer(tokenizer, stop_ids, asgi_client):
+    from online_helpers import chat, new_tenant
+
+    app, training, _ = _wired(tokenizer, stop_ids, "test_online_trainer:withhold_secrets", train_batch=1000,
+                              group_fraction=1.0, group_size=2)
+    trainer = training.trainer
+    assert trainer is not None and training.feedback is not None
+    async with asgi_client(app) as c, app.router.lifespan_context(app):
+        _, tenant = await new_tenant(c)
+        ok = await chat(c, tenant, [{"role": "user", "content": "plain"}], conversation="a")
+        secret = await chat(c, tenant, [{"role": "user", "content": "my secret"}], conversation="b")
+        for turn in (ok, secret):
+            r = await c.post("/v1/feedback", json={"kind": "thumbs", "value": False, "interaction_id": turn},
+                             headers=tenant)
+            assert r.status_code == 200, r.text
+        await _until(lambda: training.feedback is not None and training.feedback.counts["rewarded_turns"] == 2
+                     and training.groups is not None and training.groups.in_flight == 0
+                     and training.groups.counts["completed"] == 2, "both turns read, both groups done")
+        assert {s.id for u in trainer.pending for s in u.samples} >= {ok} and all(
+            "secret" not in str(s.messages) for u in trainer.pending for s in u.samples)
+        assert training.feedback.counts["withheld_by_redaction"] == 1 and training.withheld == 2
+
+
+def test_conversation_ids_are_a_tenants_own_namespace() -> None:
+    now = [0.0]
+    t, _ = _trainer(now)
+    t.add_feedback(_sample("a", 1.0), "chat-1", "tn-a", now[0])
+    t.add_feedback(_sample("b", 1.0), "chat-1", "tn-b", now[0])
+    assert t.forget(conversation="chat-1", tenant="tn-a") == 1
+    assert [s.id for u in t.pending for s in u.samples] == ["b"]
+    with pytest.raises(ValueError, match="forget what"):
+        t.forget()

@@ -7,6 +7,8 @@ events so far (a change of mind or a delayed outcome changes it):
 * the first time a turn has a reward, it is credited to the version that generated the turn
   (the canary's test, ``Canary.observe``) and queued for training (``OnlineTrainer.add_feedback``)
   as an individual sample with the recorded tokens, logprobs and versions;
+* every sample passes the operator's redaction hook first (``--redaction-hook``; None: withheld,
+  counted);
 * a later event that changes a turn's reward (a delayed outcome hours later) queues the turn again
   with the new reward, if it is still within the staleness bounds (the trainer checks); the canary
   keeps the first reward (one observation per turn).
@@ -29,6 +31,7 @@ from rlgate.online.reward_map import RewardMap
 from rlgate.online.trainer import OnlineTrainer
 from rlgate.trajectory.export import individual_sample
 from rlgate.trajectory.interaction import Interaction, Session
+from rlgate.trajectory.sample import Sample
 
 log = logging.getLogger("rlgate.online.feedback_source")
 
@@ -43,10 +46,12 @@ class FeedbackTail:
 
     def __init__(self, store: Any, reward_map: RewardMap, trainer: OnlineTrainer | None, canary: Canary | None, *,
                  find_turn: FindTurn, conversation_of: Callable[[Session, Interaction], str],
-                 last_turn: Callable[[str, str], Interaction | None] | None = None) -> None:
+                 last_turn: Callable[[str, str], Interaction | None] | None = None,
+                 redact: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None) -> None:
         """``store``: part 1's ``OnlineRecords`` (``list_feedback``); ``find_turn(tenant, interaction_id)``;
         ``conversation_of(session, turn)``; ``last_turn(tenant, conversation_id)`` for conversation-level
-        events (None: those are skipped)."""
+        events (None: those are skipped); ``redact``: the operator's redaction hook, applied to every sample
+        before the trainer sees it (None: withheld)."""
         self.store = store
         self.reward_map = reward_map
         self.trainer = trainer
@@ -54,9 +59,11 @@ class FeedbackTail:
         self.find_turn = find_turn
         self.conversation_of = conversation_of
         self.last_turn = last_turn
+        self.redact = redact
         self.cursor = 0
         self.rewards: OrderedDict[str, float] = OrderedDict()  # turn id -> its last reward
-        self.counts = {"events": 0, "rewarded_turns": 0, "reward_changes": 0, "turn_not_found": 0}
+        self.counts = {"events": 0, "rewarded_turns": 0, "reward_changes": 0, "turn_not_found": 0,
+                       "withheld_by_redaction": 0}
 
     def poll(self, limit: int = 1000) -> int:
         """Read the events since the cursor; how many were read."""
@@ -101,5 +108,11 @@ class FeedbackTail:
         else:
             self.counts["reward_changes"] += 1
         if self.trainer is not None:
-            sample = individual_sample(turn, reward, task_id=session.task_id)
+            sample: Sample | None = individual_sample(turn, reward, task_id=session.task_id)
+            if self.redact is not None and sample is not None:
+                out = self.redact(sample.to_dict())
+                sample = Sample.from_dict(out) if out is not None else None
+            if sample is None:
+                self.counts["withheld_by_redaction"] += 1
+                return
             self.trainer.add_feedback(sample, self.conversation_of(session, turn), event.tenant, turn.created_at)

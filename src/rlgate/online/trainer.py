@@ -113,10 +113,13 @@ class OnlineTrainer:
         self._wake.set()
 
     def forget(self, *, conversation: str | None = None, tenant: str | None = None) -> int:
-        """Drop every queued or replayable sample of a deleted conversation or tenant; how many."""
+        """Drop every queued or replayable sample of a deleted conversation (of ``tenant`` when given:
+        conversation ids are a tenant's own namespace) or of a whole tenant; how many."""
+        if conversation is None and tenant is None:
+            raise ValueError("forget what? name a conversation or a tenant")
+
         def doomed(u: Unit) -> bool:
-            return (conversation is not None and u.conversation == conversation) or (
-                tenant is not None and u.tenant == tenant)
+            return (conversation is None or u.conversation == conversation) and (tenant is None or u.tenant == tenant)
 
         dropped = 0
         for q in (self.pending, self.replay):

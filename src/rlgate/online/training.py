@@ -10,6 +10,7 @@ its lifetime: the trainer's step loop and the feedback tail. The admin routes
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,14 +21,22 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from rlgate.engine.base import SamplingParams
 from rlgate.online.canary import Canary
 from rlgate.online.feedback_source import FeedbackTail
-from rlgate.online.groups import OUTCOMES, LiveGroups
+from rlgate.online.groups import OUTCOMES, LiveGroup, LiveGroups
 from rlgate.online.options import OnlineOptions
+from rlgate.online.redaction import Redactor
 from rlgate.online.rights import Deletion
 from rlgate.online.trainer import OnlineTrainer
 from rlgate.online.versions import TwoSlotEngine
 from rlgate.trajectory.interaction import Interaction
+from rlgate.trajectory.sample import Sample
 
 log = logging.getLogger("rlgate.online.training")
+
+
+def redacted(hook: Redactor, sample: Sample) -> Sample | None:
+    """``sample`` through the redaction hook (None: withheld)."""
+    out = hook(sample.to_dict())
+    return Sample.from_dict(out) if out is not None else None
 
 
 @dataclass
@@ -41,6 +50,8 @@ class OnlineTraining:
     groups: LiveGroups | None = None
     feedback: FeedbackTail | None = None  # set when the gateway binds its feedback store
     poll_interval: float = 0.25  # seconds between feedback polls
+    redact: Redactor | None = None  # the operator's redaction hook (--redaction-hook): applied before the trainer
+    withheld: int = 0  # samples the hook withheld (live groups here; feedback turns: FeedbackTail.counts)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     # ------------------------------------------------------------------ gateway hooks
@@ -51,15 +62,28 @@ class OnlineTraining:
         if self.groups is not None:
             self.groups.offer(interaction, sampling, conversation, tenant)
 
+    def add_group(self, group: LiveGroup) -> None:
+        """A scored live group goes to the trainer, through the redaction hook (a withheld sample drops the
+        whole group: the rest would no longer be one prompt's replies)."""
+        if self.trainer is None:
+            return
+        if self.redact is not None:
+            kept = [redacted(self.redact, s) for s in group.samples]
+            if any(s is None for s in kept):
+                self.withheld += len(group.samples)
+                return
+            group = dataclasses.replace(group, samples=[s for s in kept if s is not None])
+        self.trainer.add_group(group)
+
     def on_deletion(self, d: Deletion) -> None:
         """Data rights: nothing deleted stays queued, replayable or bound to a version."""
         if self.trainer is not None:
             if d.whole_tenant:
                 self.trainer.forget(tenant=d.tenant)
-            for c in (*d.conversation_ids, *d.session_ids):
-                self.trainer.forget(conversation=c)
-        for c in (*d.conversation_ids, *d.session_ids):
-            self.canary.forget(c)
+            for c in d.conversation_ids:
+                self.trainer.forget(conversation=c, tenant=d.tenant)
+        for sid in d.session_ids:  # the canary binds sessions (unique ids) to versions
+            self.canary.forget(sid)
 
     # ------------------------------------------------------------------ lifetime
 
@@ -95,7 +119,8 @@ class OnlineTraining:
         return {"canary": self.canary.snapshot(),
                 "trainer": dict(self.trainer.snapshot()) if self.trainer is not None else None,
                 "groups": dict(self.groups.snapshot()) if self.groups is not None else None,
-                "feedback": dict(self.feedback.counts) if self.feedback is not None else None}
+                "feedback": dict(self.feedback.counts) if self.feedback is not None else None,
+                "withheld_by_redaction": self.withheld}
 
     def collect(self) -> Iterator[Metric]:
         """Prometheus families (a collector on the gateway's registry; docs/online.md lists them)."""

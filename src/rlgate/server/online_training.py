@@ -7,6 +7,7 @@ change to what ``create_app`` builds:
 * every completed user turn is offered to the live groups (``GenerationService.completed_listeners``);
 * the feedback store is tailed into the trainer and the canary (part 1's ``app.state.online``:
   its records, conversations and RewardMap);
+* the operator's redaction hook (``--redaction-hook``) sees every sample before the trainer does;
 * deletions reach the trainer's queue and replay buffer and the canary's bindings (its notifier);
 * the canary's admin routes are mounted and its families join ``/metrics``;
 * the trainer and the feedback tail run for the app's lifetime (inside its lifespan).
@@ -53,8 +54,10 @@ def attach_online_training(app: FastAPI, training: OnlineTraining) -> FastAPI:
         training.on_completed(p.interaction, p.sampling, conversation, tenant_of(p.session))
 
     gateway.generation.completed_listeners.append(offered)
+    training.redact = online.redact
     training.feedback = FeedbackTail(online.records, online.reward_map, training.trainer, training.canary,
-                                     find_turn=conversations.find_turn, conversation_of=conversations.conversation_of)
+                                     find_turn=conversations.find_turn, conversation_of=conversations.conversation_of,
+                                     redact=online.redact)
     online.rights.notifier.on_delete(training.on_deletion)
     add_routes(app, canary_routes.router)
     gateway.metrics.registry.register(_Collector(training))

@@ -135,9 +135,9 @@ def build_online_training(model: Any, options: OnlineOptions, tokenizer: Any, *,
     policy.attach(trainer)
     if scorer is None and options.group_reward:
         scorer = load_scorer(options.group_reward)
-    groups = None
+    training = OnlineTraining(options, canary, engines, trainer)
     if scorer is not None and options.group_fraction > 0:
-        groups = LiveGroups(options, engines, scorer, trainer.add_group,
-                            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                            waiting=lambda: sum(e.stats()["waiting"] for e in slots))
-    return OnlineTraining(options, canary, engines, trainer, groups)
+        training.groups = LiveGroups(options, engines, scorer, training.add_group,
+                                     decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                                     waiting=lambda: sum(e.stats()["waiting"] for e in slots))
+    return training
