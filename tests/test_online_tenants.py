@@ -93,3 +93,23 @@ async def test_conversations_by_header_and_by_parent_matching(tokenizer, stop_id
         r = await c.post("/v1/chat/completions", json={"model": "m", "messages": USER, "max_tokens": 2},
                          headers={**a, "X-Conversation-Id": "x" * 300})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_conversation_id"
+
+
+async def test_an_exported_conversation_leaves_the_tenant(tokenizer, stop_ids, asgi_client):
+    """A trainer that exports a tenant's session (without keep) takes it: the tenant's map forgets it,
+    and its next turn starts a new session."""
+    app = online_app(tokenizer, stop_ids)
+    conv = app.state.online.conversations
+    async with asgi_client(app) as c, app.router.lifespan_context(app):
+        tid, tenant = await new_tenant(c)
+        turn = await chat(c, tenant, USER, conversation="x")
+        session, _ = conv.find_turn(tid, turn)
+        app.state.gateway.sessions.end_session(session)
+        r = await c.post("/export_trajectories", json={"session_id": session.id}, headers=admin_headers())
+        assert r.status_code == 200 and [i["id"] for i in r.json()["interactions"]] == [turn]
+        assert conv.sessions_of(tid) == [] and conv.find_turn(tid, turn) is None
+        r = await c.post("/v1/feedback", json={"kind": "thumbs", "value": True, "interaction_id": turn},
+                         headers=tenant)
+        assert r.status_code == 404
+        again = await chat(c, tenant, USER, conversation="x")
+        assert conv.find_turn(tid, again)[0].id != session.id

@@ -100,8 +100,13 @@ class Conversations:
     # ------------------------------------------------------------------ lookups
 
     def sessions_of(self, tenant: str) -> list[Session]:
+        """The tenant's sessions the gateway holds (ids of sessions it dropped meanwhile - exported
+        without audit retention - are forgotten here)."""
         held = self.sessions.sessions
-        return [held[sid] for sid in self._by_tenant.get(tenant, {}) if sid in held]
+        ids = self._by_tenant.get(tenant, {})
+        for sid in [sid for sid in ids if sid not in held]:
+            del ids[sid]
+        return [held[sid] for sid in ids]
 
     def tenants(self) -> list[str]:
         return list(self._by_tenant)
