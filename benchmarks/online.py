@@ -35,11 +35,13 @@ def main() -> int:
     p.add_argument("--before", type=int, default=d.before)
     p.add_argument("--max-chars", type=int, default=d.max_chars)
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--candidate-steps", type=int, default=d.candidate_steps,
+                   help="training steps between two canary candidates")
     p.add_argument("--json", default=None, help="write the whole result here")
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     settings = ProofSettings(learn_seconds=a.learn_seconds, window=a.window, before=a.before, max_chars=a.max_chars,
-                             seed=a.seed)
+                             seed=a.seed, candidate_steps=a.candidate_steps)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()

@@ -260,3 +260,18 @@ def test_conversation_ids_are_a_tenants_own_namespace() -> None:
     assert [s.id for u in t.pending for s in u.samples] == ["b"]
     with pytest.raises(ValueError, match="forget what"):
         t.forget()
+
+
+def test_a_candidate_every_candidate_steps() -> None:
+    now = [0.0]
+    published: list[int] = []
+    t, _ = _trainer(now, published, train_batch=1, candidate_steps=3, replay_fraction=0.0)
+
+    async def main() -> None:
+        for k in range(6):
+            t.add_feedback(_sample(f"f{k}", 1.0), "c", None, now[0])
+            t.add_feedback(_sample(f"g{k}", 0.0, prompt=(9,)), "c", None, now[0])
+            await t.step_once()
+
+    asyncio.run(main())
+    assert t.counts["steps"] == 6 and published == [1, 2]

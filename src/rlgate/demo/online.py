@@ -56,6 +56,7 @@ class ProofSettings:
     canary_margin: float = 0.2
     canary_min_samples: int = 20
     canary_plan_samples: int = 100
+    candidate_steps: int = 1
     seed: int = 0
 
 
@@ -112,7 +113,7 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
     options = OnlineOptions(train=True, lr=s.lr, group_fraction=s.group_fraction, group_size=s.group_size,
                             train_batch=s.train_batch, canary_share=s.canary_share, canary_margin=s.canary_margin,
                             canary_min_samples=s.canary_min_samples, canary_plan_samples=s.canary_plan_samples,
-                            conversation_idle_s=2.0)
+                            candidate_steps=s.candidate_steps, conversation_idle_s=2.0)
     training = build_online_training(base, options, tokenizer, engine_kwargs={"seed": s.seed},
                                      scorer=scorer_of(length_reward(s.max_chars)))
     engines, trainer, canary = training.engines, training.trainer, training.canary

@@ -34,6 +34,8 @@ class OnlineOptions:
     train_batch: int = option(32, "rewarded samples (fresh ones, replay excluded) before a training step")
     train_batch_max: int = option(128, "fresh samples one step takes at most (the oldest first; the rest wait "
                                   "for the next step)")
+    candidate_steps: int = option(1, "training steps between two canary candidates (a candidate only a step "
+                                  "away from stable differs little, and the canary needs many rewards to tell)")
     max_staleness_versions: int = option(4, "drop a sample whose oldest token is more than this many versions "
                                          "behind the trainer")
     max_staleness_hours: float = option(24.0, "drop a sample generated more than this many hours ago")
@@ -61,6 +63,8 @@ class OnlineOptions:
         for name in ("group_fraction", "replay_fraction", "canary_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1]")
+        if self.candidate_steps < 1:
+            raise ValueError("candidate_steps must be >= 1")
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2 (a GRPO group compares replies)")
         if not self.reward_high > self.reward_low:

@@ -78,6 +78,7 @@ class OnlineTrainer:
         self.publish = publish
         self.version = version  # of the weights last published (or served when training started)
         self.dirty = False  # the trainer's weights moved since they were published
+        self.unpublished_steps = 0  # steps since then (a candidate every candidate_steps)
         self.publishing = True  # False: steps go on, no candidate is offered (an operator's hold)
         self.clock = clock
         self.rng = rng or random.Random()
@@ -226,7 +227,9 @@ class OnlineTrainer:
             loop = asyncio.get_running_loop()
             epoch = self._epoch
             metrics = await loop.run_in_executor(self._pool, self.stepper.step, samples, gids, version)
-            self.dirty = self.dirty or epoch == self._epoch
+            if epoch == self._epoch:
+                self.dirty = True
+                self.unpublished_steps += 1
         self.counts["steps"] += 1
         self.counts["trained_samples"] += sum(len(u.samples) for u in fresh)
         self.counts["replayed_samples"] += sum(len(u.samples) for u in replayed)
@@ -243,18 +246,18 @@ class OnlineTrainer:
         return metrics
 
     async def try_publish(self) -> int | None:
-        if not self.dirty or not self.publishing:
+        if not self.dirty or not self.publishing or self.unpublished_steps < self.options.candidate_steps:
             return None
         v = await self.publish()
         if v is not None:
-            self.version, self.dirty = v, False
+            self.version, self.dirty, self.unpublished_steps = v, False, 0
             self.counts["published"] += 1
             log.info("online trainer: weights published as version %d", v)
         return v
 
     def reset(self, version: int) -> None:
         """The trainer's weights are set back to ``version`` (a rolled-back canary) before its next step."""
-        self.version, self.dirty = version, False
+        self.version, self.dirty, self.unpublished_steps = version, False, 0
         self._epoch += 1
 
     async def run(self) -> None:
@@ -281,4 +284,4 @@ class OnlineTrainer:
     def snapshot(self) -> Mapping[str, Any]:
         return {**self.counts, "pending_samples": self.pending_samples,
                 "replay_samples": sum(len(u.samples) for u in self.replay), "version": self.version,
-                "unpublished_steps": self.dirty, "last_step": dict(self.last_step)}
+                "unpublished_steps": self.unpublished_steps, "last_step": dict(self.last_step)}
