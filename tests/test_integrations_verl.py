@@ -92,3 +92,32 @@ def test_verls_own_agent_loop_output_takes_the_fields(chain):
     assert d["rollout_log_probs"].shape == d["responses"].shape and d["rm_scores"][-1] == chain.reward
     assert agent_loop._agent_loop_registry["rlgate_agent"]["_target_"].endswith("verl_loop.RlgateAgentLoop")
     assert issubclass(RlgateAgentLoop, agent_loop.AgentLoopBase)
+
+
+async def test_verl_instantiates_the_loop_and_it_plays_a_row_through_the_gateway(make_app, tokenizer):
+    """As verl's AgentLoopWorker does: hydra-instantiate the registered class with verl's wrappers and
+    the loop's YAML keys, then ``run(sampling_params, **row)`` against a real gateway."""
+    agent_loop = pytest.importorskip("verl.experimental.agent_loop.agent_loop", reason=VERL_MISSING)
+    import hydra
+    from omegaconf import OmegaConf
+
+    import rlgate.integrations.verl_loop  # noqa: F401  registers rlgate_agent
+
+    server = ServerThread(make_app(FakeEngine(tokenizer, script=ToolRoundScript(tokenizer), token_delay=0.0)))
+    url = server.start()
+    try:
+        config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"response_length": 256, "prompt_length": 256}},
+                                   "data": {}})
+        entry = {**agent_loop._agent_loop_registry["rlgate_agent"], "gateway_url": url, "admin_key": ADMIN_KEY,
+                 "agent": "rlgate.demo.calculator_agent:CalculatorAgent"}
+        loop = hydra.utils.instantiate(config=entry, trainer_config=agent_loop.DictConfigWrap(config),
+                                       server_manager=None, tokenizer=tokenizer, processor=None, dataset_cls=None,
+                                       data_config=agent_loop.DictConfigWrap(config.data))
+        out = await loop.run({"temperature": 1.0, "top_p": 1.0}, index=3,
+                             raw_prompt=[{"role": "user", "content": "What is 2 + 3?"}],
+                             extra_info={"question": "What is 2 + 3?", "answer": "5"})
+    finally:
+        server.stop()
+    assert isinstance(out, agent_loop.AgentLoopOutput) and out.num_turns == 4
+    assert 0 in out.response_mask and out.response_mask[0] == 1 and not out.extra_fields["rlgate_failed"]
+    assert tokenizer.decode(out.prompt_ids).endswith("What is 2 + 3?<|im_end|>\n<|im_start|>assistant\n")

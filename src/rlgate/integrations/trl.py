@@ -107,9 +107,10 @@ class TRLRollout:
         default ``out_dir/sync``, must be readable there). ``seed`` seeds the in-process engine's
         sampling."""
         settings = gateway or GatewaySettings()
-        # open_gateway reads the run's model, out_dir, gateway, rollout.seed and ray sections only
+        # open_gateway reads the run's model, out_dir, gateway, rollout and ray sections only
         cfg = TrainConfig.model_construct(model=str(model), out_dir=str(out_dir), gateway=settings,
-                                          rollout=RolloutSettings(seed=seed), ray=None)
+                                          rollout=RolloutSettings(seed=seed, concurrency=concurrency,
+                                                                  episode_timeout=episode_timeout), ray=None)
         loop = LoopThread()
         try:
             opened = loop.run(open_gateway(cfg, Path(model), Path(model)))
