@@ -240,3 +240,24 @@ async def test_a_deletion_the_store_refused_leaves_the_data_reachable(tokenizer,
             assert (await c.post("/v1/data/delete", json={"conversation_id": conversation},
                                  headers=tenant)).status_code == 200
         assert on.conversations.find_turn(tid, named) is None and on.conversations.find_turn(tid, tree) is None
+
+
+async def test_a_tenant_deletes_all_its_data_and_keeps_its_key(tokenizer, stop_ids, asgi_client):
+    app = online_app(tokenizer, stop_ids)
+    on = app.state.online
+    async with asgi_client(app) as c, app.router.lifespan_context(app):
+        tid, tenant = await new_tenant(c)
+        other_id, other = await new_tenant(c, "other")
+        kept = await chat(c, other, [{"role": "user", "content": "mine"}])
+        await chat(c, tenant, [{"role": "user", "content": "a"}], conversation="a")
+        t = await chat(c, tenant, [{"role": "user", "content": "b"}])
+        await c.post("/v1/feedback", json={"kind": "thumbs", "value": True, "interaction_id": t}, headers=tenant)
+        for body in ({}, {"all": True, "conversation_id": "a"}):
+            r = await c.post("/v1/data/delete", json=body, headers=tenant)
+            assert r.status_code == 400, r.text
+        r = await c.post("/v1/data/delete", json={"all": True}, headers=tenant)
+        assert r.status_code == 200 and r.json()["whole_tenant"] and len(r.json()["interaction_ids"]) == 2
+        assert on.conversations.sessions_of(tid) == [] and on.records.list_feedback(tenant=tid).events == []
+        assert on.conversations.find_turn(other_id, kept) is not None  # another tenant's data stays
+        assert (await c.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                                           "max_tokens": 2}, headers=tenant)).status_code == 200
