@@ -27,6 +27,6 @@ The contract between the two parts (kept stable; docs/online.md repeats it):
   the OpenAI error shape): ``api/online/``.
 
 Layers (``tests/test_layers.py``): ``feedback``, ``tenants`` and ``reward_map`` are records and pure
-functions the store persists (rank 3.5, below ``store``); the rest of ``online`` sits between
+functions the store persists (ranks 3.5-3.6, below ``store``); the rest of ``online`` sits between
 ``core`` and ``api`` (6.5).
 """
