@@ -140,11 +140,18 @@ def test_verl_export_loads_in_verls_rl_dataset(chain, tmp_path, tokenizer):
     assert len(ds) == 1 and ds[0]["raw_prompt"][0]["content"] == "2 + 3?"
 
 
-def test_openrlhf_export_loads_in_openrlhfs_prompt_dataset(chain, tmp_path, tokenizer):
+def test_openrlhf_export_reads_with_openrlhfs_own_preprocessing(chain, tmp_path, tokenizer):
     prompts = pytest.importorskip(
         "openrlhf.datasets.prompts_dataset",
         reason="openrlhf is not installed: 0.11.2 pins deepspeed==0.19.6 and flash-attn==2.8.3 (CUDA builds)")
+    from openrlhf.datasets import sft_dataset
+
     path = write_format(chain, "openrlhf", tmp_path / "o.jsonl").path
-    data = [json.loads(line) for line in path.read_text().splitlines()]
-    prompt, _ = prompts.preprocess_data(data[0], input_key="input", apply_chat_template=tokenizer.apply_chat_template)
-    assert prompt.endswith("<|im_start|>assistant\n")
+    row = json.loads(path.read_text().splitlines()[0])
+    template = tokenizer.apply_chat_template
+    prompt, label = prompts.preprocess_data(row, input_key="input", label_key="reward", apply_chat_template=template)
+    assert prompt == "<|im_start|>user\n2 + 3?<|im_end|>\n<|im_start|>assistant\n" and label == 1.0
+    sft_prompt, response = sft_dataset.preprocess_data(row, input_key="input", output_key="output",
+                                                       apply_chat_template=template)
+    assert sft_prompt == prompt and "<tool_call>" in response and "<tool_response>\n5" in response
+    assert response.endswith("5<|im_end|>\n")
