@@ -56,11 +56,11 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 class RealToolsSettings(DemoSettings):
     """Sized for SmolLM2-135M-Instruct on 2 CPU cores (docs/training.md §6)."""
 
-    warm_start_steps: int = 30
+    warm_start_steps: int = 24
     warm_start_lr: float = 3e-5
     warm_start_batch: int = 8
     warm_start_items: int = 480
-    steps: int = 12
+    steps: int = 10
     group_size: int = 8
     groups_per_step: int = 4
     lr: float = 3e-5
