@@ -12,12 +12,15 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from helpers import ADMIN_KEY, free_port, wait_healthy
 from rlgate.demo.calculator_agent import CalculatorAgent
 from rlgate.integrations.episodes import Chain
 from rlgate.integrations.trl import TRLRollout, agent_reward, default_data_for, trl_batch
@@ -147,6 +150,45 @@ def test_trl_trains_on_rlgate_rollouts_and_serves_its_new_weights(tiny_model_dir
     assert [s["step"] for s in seen] == [0, 1] and [s["versions"] for s in seen] == [{1}, {2}]
     assert seen[0]["vs_trl"] < 1e-4 and seen[1]["vs_trl"] < 1e-4  # the engine served TRL's weights
     assert seen[1]["vs_initial"] > 10 * max(seen[1]["vs_trl"], 1e-4)  # ... which the step changed
+
+
+@pytest.mark.slow
+def test_weights_reach_a_gateway_elsewhere_through_update_weights(tiny_model_dir, tokenizer, tmp_path, monkeypatch):
+    """gateway.url: `rlgate serve` in another process; each push is a checkpoint loaded through
+    POST /rl/update_weights, and the next rollout's logprobs are the pushed model's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir), "--engine",
+                             "local", "--port", str(port), "--log-level", "warning", "--store", ":memory:"],
+                            env={**os.environ, "RLGATE_ADMIN_KEY": ADMIN_KEY}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_healthy(url, proc)
+        monkeypatch.setenv("RLGATE_ADMIN_KEY", ADMIN_KEY)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        before = copy.deepcopy(model).eval()
+        trainer = SimpleNamespace(state=SimpleNamespace(global_step=0), model=model, processing_class=tokenizer,
+                                  accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+        settings = GatewaySettings(url=url, sync_dir=str(tmp_path / "sync"))
+        with TRLRollout.start(LengthAgent(), tiny_model_dir, gateway=settings, out_dir=tmp_path) as rollout:
+            first = rollout(["Say 1"] * 2, trainer)
+            torch.manual_seed(0)
+            with torch.no_grad():  # what an optimizer step does, only bigger
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p) * 0.05)
+            trainer.state.global_step = 1
+            second = rollout(["Say 2"] * 2, trainer)
+            assert rollout.pushes == [(0, 1), (1, 2)]
+        assert first["rlgate_version"] == [1, 1] and second["rlgate_version"] == [2, 2]
+        assert _max_logprob_gap(before, first) < 1e-4 and _max_logprob_gap(model, second) < 1e-4
+        assert _max_logprob_gap(before, second) > 1e-2
+        assert len(list((tmp_path / "sync").iterdir())) <= 2  # gateway.sync_keep
+    finally:
+        proc.terminate()
+        proc.wait(60)
 
 
 @pytest.mark.slow
