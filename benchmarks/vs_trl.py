@@ -23,7 +23,9 @@ one update per batch, gradient checkpointing off:
 Each (side, seed) runs in its own child process, sides interleaved seed by seed so that the
 machine's load falls on all of them alike. Per run: the median step time over steps 6..N and its
 rollout / train split (TRL: generation + scoring vs the rest of the step), generated tokens per
-second of step time, the loop's wall time (sum of step times), and held-out greedy accuracy
+second of step time, the loop's wall time (sum of step times) and CPU time per step (the process's
+``time.process_time``, every thread: on a shared machine the work done, which the load does not
+inflate as it does wall time), and held-out greedy accuracy
 before and after (the same evaluation for both: ``model.generate`` greedy on the held-out
 questions, reward 1.0 = right). Prints a Markdown table; ``--json`` writes the rows.
 """
@@ -132,17 +134,19 @@ def run_rlgate(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout:
     class Measure(Hooks):
         def on_start(self, run: Any) -> None:
             got["before"] = greedy_accuracy(run.trainer.model, model_dir, heldout, s["max_tokens"])
-            got["t0"] = time.perf_counter()
+            got["t0"], got["cpu0"] = time.perf_counter(), time.process_time()
 
         def on_end(self, run: Any) -> None:
             got["loop_wall_s"] = time.perf_counter() - got["t0"]
+            got["loop_cpu_s"] = time.process_time() - got["cpu0"]
             got["after"] = greedy_accuracy(run.trainer.model, model_dir, heldout, s["max_tokens"])
 
     asyncio.run(run_training(cfg, Measure(), stdout=False))
     history = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return {"history": [{"step_s": h["step_s"], "rollout_s": h["rollout_s"], "train_s": h["train_s"] + h["sync_s"],
                          "tokens": h["generated_tokens"], "reward": h["reward"]} for h in history],
-            "accuracy_before": got["before"], "accuracy_after": got["after"], "loop_wall_s": got["loop_wall_s"]}
+            "accuracy_before": got["before"], "accuracy_after": got["after"], "loop_wall_s": got["loop_wall_s"],
+            "loop_cpu_s": got["loop_cpu_s"]}
 
 
 # ---------------------------------------------------------------------------------- TRL
@@ -209,14 +213,15 @@ def run_trl(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout: li
 
     trainer = Trainer(model=policy, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
                       callbacks=[Clock()])
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     trainer.train()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     after = greedy_accuracy(trainer.model, model_dir, heldout, s["max_tokens"])
     logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
     history = [{"step_s": st, "rollout_s": g, "train_s": st - g, "tokens": lg["completions/mean_length"] * n,
                 "reward": lg["reward"]} for st, g, lg in zip(times["step"], times["gen"], logs, strict=False)]
-    return {"history": history, "accuracy_before": before, "accuracy_after": after, "loop_wall_s": wall}
+    return {"history": history, "accuracy_before": before, "accuracy_after": after, "loop_wall_s": wall,
+            "loop_cpu_s": cpu}
 
 
 # ---------------------------------------------------------------------------------- driver
@@ -230,7 +235,8 @@ def summarise(side: str, seed: int, res: dict[str, Any]) -> dict[str, Any]:
             "rollout_s": statistics.median(x["rollout_s"] for x in tail),
             "train_s": statistics.median(x["train_s"] for x in tail),
             "tokens_per_s": sum(x["tokens"] for x in h) / max(sum(x["step_s"] for x in h), 1e-9),
-            "loop_s": sum(x["step_s"] for x in h), "accuracy_before": res["accuracy_before"],
+            "loop_s": sum(x["step_s"] for x in h), "cpu_s_per_step": res["loop_cpu_s"] / max(len(h), 1),
+            "accuracy_before": res["accuracy_before"],
             "accuracy_after": res["accuracy_after"], "reward_last5": statistics.fmean(x["reward"] for x in h[-5:]),
             "rewards": [round(x["reward"], 3) for x in h]}
 
@@ -279,15 +285,16 @@ def main() -> None:
             rows.append({**json.loads(line[4:]), "load": os.getloadavg()[0]})
             print(rows[-1], flush=True)
     print(f"\n{args.model}, {args.steps} steps, {settings(args.model)}\n")
-    print("| side | seed | s/step (median 6..N) | rollout s | train s | gen tok/s | loop wall s | held-out greedy "
-          "before -> after | load |\n|---|---|---|---|---|---|---|---|---|")
+    print("| side | seed | s/step (median 6..N) | rollout s | train s | CPU s/step | gen tok/s | loop wall s | "
+          "held-out greedy before -> after | load |\n|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['side']} | {r['seed']} | {r['step_s']:.2f} | {r['rollout_s']:.2f} | {r['train_s']:.2f} | "
               f"{r['tokens_per_s']:.0f} | {r['loop_s']:.1f} | {100 * r['accuracy_before']:.1f}% -> "
               f"{100 * r['accuracy_after']:.1f}% | {r['load']:.1f} |")
     for side in args.sides:
         mine = [r for r in rows if r["side"] == side]
-        print(f"{side}: mean s/step {statistics.fmean(r['step_s'] for r in mine):.2f}, mean loop wall "
+        print(f"{side}: mean s/step {statistics.fmean(r['step_s'] for r in mine):.2f}, CPU s/step "
+              f"{statistics.fmean(r['cpu_s_per_step'] for r in mine):.2f}, mean loop wall "
               f"{statistics.fmean(r['loop_s'] for r in mine):.1f} s, accuracy after "
               f"{100 * statistics.fmean(r['accuracy_after'] for r in mine):.1f}%")
     if args.json:

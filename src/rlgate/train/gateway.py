@@ -81,6 +81,25 @@ def _quiet(*names: str) -> Iterator[None]:
             lg.removeFilter(drop)
 
 
+class PooledGatewayClient(GatewayClient):
+    """The trainer's client for control calls, pooled for the rollout's concurrency: every episode in
+    flight makes its calls (start, end, reward, export) on a kept-alive connection instead of opening
+    one (httpx's default pool keeps 20). Closes its pool with itself."""
+
+    def __init__(self, base_url: str, admin_key: str, *, connections: int) -> None:
+        self._pool = httpx.AsyncClient(timeout=600.0, limits=httpx.Limits(
+            max_connections=connections, max_keepalive_connections=connections))
+        super().__init__(base_url, admin_key, http_client=self._pool)
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        await self._pool.aclose()
+
+
+def control_client(url: str, admin_key: str, cfg: TrainConfig) -> GatewayClient:
+    return PooledGatewayClient(url, admin_key, connections=cfg.rollout.concurrency + 8)
+
+
 async def check_remote(url: str, admin_key: str) -> None:
     """RunError naming the URL unless it is a reachable rlgate gateway that accepts ``admin_key``."""
     async with httpx.AsyncClient(timeout=10.0) as http:
@@ -225,7 +244,7 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path, *, 
         if not admin_key:
             raise RunError("gateway.url is set but no admin key: set $RLGATE_ADMIN_KEY (or gateway.admin_key)")
         await check_remote(cfg.gateway.url, admin_key)
-        client = GatewayClient(cfg.gateway.url, admin_key)
+        client = control_client(cfg.gateway.url, admin_key, cfg)
         sync_dir = Path(cfg.gateway.sync_dir) if cfg.gateway.sync_dir else Path(cfg.out_dir) / "sync"
         return OpenGateway(client, RemoteSync(client, sync_dir, keep=cfg.gateway.sync_keep), remote=True)
 
@@ -266,14 +285,18 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path, *, 
                       model_name=tokenizer_dir.resolve().name, ui=cfg.gateway.ui,
                       retain_exported=UI_RETAIN_S if cfg.gateway.ui else 0.0),
         engine, MemoryStore(), tokenizer, stop_token_ids=stop_token_ids(tokenizer, tokenizer_dir))
-    server = ServerThread(app, host=cfg.gateway.host, port=cfg.gateway.port or 0)
+    from rlgate.server.serve import KEEP_ALIVE_S
+
+    # the server keeps idle connections longer than the clients do (65 s vs httpx's 5 s), as `rlgate serve`
+    # does: with uvicorn's 5 s a control call sent on a connection the server was closing failed (ReadError)
+    server = ServerThread(app, host=cfg.gateway.host, port=cfg.gateway.port or 0, timeout_keep_alive=KEEP_ALIVE_S)
     try:
         url = advertised_url(server.start(), cfg.gateway.host)
     except RuntimeError as exc:
         raise RunError(f"gateway: the in-process gateway did not start ({exc})") from None
     if cfg.gateway.ui:
         announce_ui(cfg, url, admin_key)
-    return OpenGateway(GatewayClient(url, admin_key), sync, server, tokenizer,
+    return OpenGateway(control_client(url, admin_key, cfg), sync, server, tokenizer,
                        registries=(app.state.gateway.metrics.registry,))
 
 
@@ -310,7 +333,7 @@ async def _start_replicas(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) 
                        f"({type(exc).__name__}: {exc})") from None
     if cfg.gateway.ui:
         announce_ui(cfg, url, admin_key)
-    return cluster, GatewayClient(url, admin_key)
+    return cluster, control_client(url, admin_key, cfg)
 
 
 def gateway_error(exc: GatewayClientError, url: str) -> RunError:
