@@ -153,6 +153,38 @@ def test_trl_trains_on_rlgate_rollouts_and_serves_its_new_weights(tiny_model_dir
 
 
 @pytest.mark.slow
+def test_trl_takes_a_multi_turn_chain_with_its_env_mask(tiny_model_dir, tmp_path):
+    """TRL's own trainer on multi-turn episodes (calculator agent, scripted engine): it counts only the
+    generated tokens (env_mask 1) as completion tokens, and trains through the tool-result tokens."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    seen: list[dict[str, list[Any]]] = []
+    items = {f"What is {k} + 3?": {"question": f"What is {k} + 3?", "answer": str(k + 3)} for k in range(4)}
+    with TRLRollout.start(CalculatorAgent(), tiny_model_dir, gateway=GatewaySettings(engine="scripted"),
+                          data_for=items.__getitem__, out_dir=tmp_path) as rollout:
+        def recorded(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+            seen.append(rollout(prompts, trainer))
+            return seen[-1]
+
+        config = GRPOConfig(output_dir=str(tmp_path / "trl"), max_steps=1, beta=0.0, num_generations=2,
+                            per_device_train_batch_size=4, save_strategy="no", report_to=[], use_cpu=True,
+                            logging_steps=1, bf16=False)
+        trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                              processing_class=AutoTokenizer.from_pretrained(tiny_model_dir), args=config,
+                              train_dataset=Dataset.from_list([{"prompt": q} for q in items]),
+                              reward_funcs=agent_reward, rollout_func=recorded)
+        trainer.train()
+    (out,) = seen
+    assert all(0 in mask and turns == 2 for mask, turns in zip(out["env_mask"], out["rlgate_turns"], strict=True))
+    generated = [sum(mask) for mask in out["env_mask"]]
+    logged = next(h for h in trainer.state.log_history if "completions/mean_length" in h)
+    assert logged["completions/mean_length"] == pytest.approx(sum(generated) / len(generated))
+    assert logged["completions/mean_length"] < sum(map(len, out["completion_ids"])) / len(generated)
+
+
+@pytest.mark.slow
 def test_weights_reach_a_gateway_elsewhere_through_update_weights(tiny_model_dir, tokenizer, tmp_path, monkeypatch):
     """gateway.url: `rlgate serve` in another process; each push is a checkpoint loaded through
     POST /rl/update_weights, and the next rollout's logprobs are the pushed model's."""
