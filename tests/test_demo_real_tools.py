@@ -61,8 +61,35 @@ def test_device_cuda_is_refused_in_one_line_without_cuda(tmp_path):
     assert bad.returncode == 1 and "expected cpu, cuda or cuda:N" in bad.stderr
 
 
+def test_the_tool_prompt_lists_each_tool_and_the_call_format():
+    from rlgate.chat.parsers import ParsedToolCall, get_tool_parser
+    from rlgate.demo.calculator_agent import CALCULATOR_TOOL
+    from rlgate.demo.tool_sft import call_text, tool_system_prompt
+
+    prompt = tool_system_prompt([dict(CALCULATOR_TOOL)])
+    assert "calculator(expression: string): Evaluate an arithmetic expression" in prompt
+    assert '<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>' in prompt
+    # what the warm start teaches is what the SmolLM2 family's parser reads back as a call
+    parser = get_tool_parser("hermes")
+    (call,) = parser.feed(call_text("calculator", {"expression": "347 * 582"})) + parser.finish()
+    assert isinstance(call, ParsedToolCall)
+    assert call.name == "calculator" and json.loads(call.arguments) == {"expression": "347 * 582"}
+
+
+@pytest.mark.torch
+def test_device_reaches_the_trainer_and_the_agents_get_the_tool_prompt(tmp_path):
+    from rlgate.demo.real_tools import RealToolsSettings, demo_config
+
+    cfg = demo_config(RealToolsSettings(), model_dir=tmp_path, out=tmp_path, url="http://127.0.0.1:1", admin_key="k",
+                      seed=0, system="SYSTEM", device="cuda")
+    assert cfg.grpo.device == "cuda" and cfg.rollout.export_style == "concat"
+    assert cfg.agent == "rlgate.demo.agents:EitherSDKCalculatorAgent"
+    assert cfg.agent_kwargs["system"] == "SYSTEM" and cfg.agent_kwargs["reward"] == "tool_round"
+
+
 @pytest.mark.torch
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # ~3 min on a quiet machine; a 135M model trained on 2 shared cores can take 30
 def test_the_tools_demo_runs_end_to_end_on_smollm2(tmp_path):
     from rlgate.checkpoints import registry
 
@@ -71,8 +98,10 @@ def test_the_tools_demo_runs_end_to_end_on_smollm2(tmp_path):
     from rlgate.demo.real_tools import run_real_tools_demo
     from rlgate.trajectory.export import read_samples
 
-    small = {"warm_start_steps": 12, "warm_start_lr": 1e-4, "warm_start_items": 96, "groups_per_step": 2,
-             "group_size": 4, "eval_items": 4, "eval_every": 1, "final_eval_samples": 1, "concurrency": 8}
+    # a warm start far shorter (and steeper) than the demo's: enough for SmolLM2 to write the call format
+    small = {"warm_start_steps": 10, "warm_start_lr": 3e-4, "warm_start_batch": 4, "warm_start_items": 40,
+             "groups_per_step": 2, "group_size": 4, "eval_items": 4, "eval_every": 1, "final_eval_samples": 1,
+             "concurrency": 8}
     assert run_real_tools_demo(tmp_path, steps=1, overrides=small) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 1 and len(summary["reward_per_step"]) == 1
