@@ -117,3 +117,38 @@ def test_fraction_zero_or_an_aborted_reply_never_starts_a_group(tokenizer) -> No
         assert not engine.requests
 
     asyncio.run(main())
+
+
+def test_a_judge_scores_the_group_side_by_side(tokenizer) -> None:
+    """The real Judge (rewards/judge.py) behind a mock endpoint: one request for the whole group."""
+    import json
+
+    import httpx
+
+    from rlgate.rewards.judge import Judge
+
+    seen: list[dict] = []
+
+    def endpoint(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        return httpx.Response(200, json={"choices": [{"message": {"content": '{"scores": [0.1, 0.9, 0.5]}'}}]})
+
+    async def main() -> list[LiveGroup]:
+        judge = Judge("http://judge.invalid/v1", rubric="shorter is better")
+        judge._http = httpx.AsyncClient(transport=httpx.MockTransport(endpoint))
+        got: list[LiveGroup] = []
+        groups = LiveGroups(OnlineOptions(group_fraction=1.0, group_size=3), FakeEngine(tokenizer, output_tokens=2),
+                            scorer_of(judge), got.append, decode=tokenizer.decode)
+        inter = _interaction(tokenizer)
+        inter.messages = []
+        assert groups.offer(inter, SamplingParams(max_new_tokens=2), "c")
+        while groups.in_flight:
+            await asyncio.sleep(0.01)
+        await judge.aclose()
+        return got
+
+    (group,) = asyncio.run(main())
+    assert [s.reward for s in group.samples] == [0.1, 0.9, 0.5]
+    assert len(seen) == 1 and "3 attempts" in seen[0]["messages"][0]["content"]
+    assert "Trajectory 3" in seen[0]["messages"][1]["content"]

@@ -16,8 +16,9 @@ trainer a :class:`LiveGroup`: k samples of one prompt with rewards, a proper GRP
   requests waiting for a batch row, no group starts. Every outcome is counted
   (:attr:`LiveGroups.counts`, ``rlgate_online_groups_total{outcome}`` in /metrics).
 * **Scoring.** ``group_reward`` names (operator configuration, loaded once at startup) either an
-  object with ``async score_group(samples) -> list[float]`` (a judge scoring the replies side by
-  side) or a function ``(sample) -> float`` (or awaitable) applied to each reply.
+  object with ``async score_group(episodes) -> list[float]`` (a judge scoring the replies side by
+  side, e.g. ``rlgate.rewards.judge:Judge`` configured by its keyword defaults / environment; each reply
+  is a :class:`LiveEpisode`) or a function ``(sample) -> float`` (or awaitable) applied to each reply.
 """
 
 from __future__ import annotations
@@ -62,11 +63,22 @@ def load_scorer(path: str) -> GroupScorer:
     return scorer_of(obj)
 
 
+@dataclass
+class LiveEpisode:
+    """One reply of a live group as a judge reads an episode (``rewards/judge.py``: ``.samples``, ``.data``)."""
+
+    samples: list[Sample]  # the reply's one sample (its messages and output message)
+    data: dict[str, Any]  # {"messages": the prompt's messages}: the "task" a judge is shown
+
+
 def scorer_of(obj: Any) -> GroupScorer:
-    """A group scorer from a judge-like object (``score_group``) or a per-sample reward function."""
+    """A group scorer from a judge (an object with ``async score_group(episodes)``, e.g.
+    :class:`rlgate.rewards.judge.Judge`: each reply is handed over as a :class:`LiveEpisode`) or a
+    per-sample reward function."""
     if hasattr(obj, "score_group"):
         async def by_group(samples: list[Sample]) -> list[float]:
-            return [float(x) for x in await obj.score_group(samples)]
+            episodes = [LiveEpisode([s], {"messages": s.messages}) for s in samples]
+            return [float(x) for x in await obj.score_group(episodes)]
         return by_group
     if not callable(obj):
         raise TypeError(f"{obj!r} is neither a reward function nor has score_group")
@@ -217,4 +229,4 @@ class LiveGroups:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-__all__ = ["GroupScorer", "LiveGroup", "LiveGroups", "TokenBudget", "load_scorer", "scorer_of"]
+__all__ = ["GroupScorer", "LiveEpisode", "LiveGroup", "LiveGroups", "TokenBudget", "load_scorer", "scorer_of"]
