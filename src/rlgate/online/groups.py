@@ -17,8 +17,9 @@ trainer a :class:`LiveGroup`: k samples of one prompt with rewards, a proper GRP
   (:attr:`LiveGroups.counts`, ``rlgate_online_groups_total{outcome}`` in /metrics).
 * **Scoring.** ``group_reward`` names (operator configuration, loaded once at startup) either an
   object with ``async score_group(episodes) -> list[float]`` (a judge scoring the replies side by
-  side, e.g. ``rlgate.rewards.judge:Judge`` configured by its keyword defaults / environment; each reply
-  is a :class:`LiveEpisode`) or a function ``(sample) -> float`` (or awaitable) applied to each reply.
+  side, e.g. ``mypkg.rewards:judge`` holding ``Judge("http://judge:9000/v1", rubric=...)`` from
+  ``rlgate.rewards.judge``; each reply is handed over as a :class:`LiveEpisode`) or a function
+  ``(sample) -> float`` (or awaitable) applied to each reply.
 """
 
 from __future__ import annotations
