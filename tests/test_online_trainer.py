@@ -275,3 +275,13 @@ def test_a_candidate_every_candidate_steps() -> None:
 
     asyncio.run(main())
     assert t.counts["steps"] == 6 and published == [1, 2]
+
+
+def test_deleted_turns_leave_the_queue_whatever_their_conversation() -> None:
+    now = [0.0]
+    t, _ = _trainer(now)
+    t.add_feedback(_sample("turn-1", 1.0), "c", None, now[0])
+    t.add_group(LiveGroup("live-turn-2", "c", None, [_sample("turn-2", 1.0), _sample("turn-2-group1", 0.0)]))
+    t.add_feedback(_sample("turn-3", 1.0), "c", None, now[0])
+    assert t.forget_turns({"turn-1", "turn-2"}) == 3
+    assert [s.id for u in t.pending for s in u.samples] == ["turn-3"]

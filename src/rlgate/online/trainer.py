@@ -113,6 +113,14 @@ class OnlineTrainer:
             self.counts["dropped_overflow"] += len(old.samples)
         self._wake.set()
 
+    def forget_turns(self, turn_ids: set[str] | frozenset[str]) -> int:
+        """Drop every queued or replayable unit that holds one of these (deleted) turns: a rewarded turn, or
+        a live group on one (its first sample is the user's reply); how many samples."""
+        def doomed(u: Unit) -> bool:
+            return bool(u.samples) and (u.samples[0].id in turn_ids or any(s.id in turn_ids for s in u.samples))
+
+        return self._drop(doomed)
+
     def forget(self, *, conversation: str | None = None, tenant: str | None = None) -> int:
         """Drop every queued or replayable sample of a deleted conversation (of ``tenant`` when given:
         conversation ids are a tenant's own namespace) or of a whole tenant; how many."""
@@ -122,6 +130,9 @@ class OnlineTrainer:
         def doomed(u: Unit) -> bool:
             return (conversation is None or u.conversation == conversation) and (tenant is None or u.tenant == tenant)
 
+        return self._drop(doomed)
+
+    def _drop(self, doomed: Callable[[Unit], bool]) -> int:
         dropped = 0
         for q in (self.pending, self.replay):
             keep = [u for u in q if not doomed(u)]

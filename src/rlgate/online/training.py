@@ -82,6 +82,7 @@ class OnlineTraining:
                 self.trainer.forget(tenant=d.tenant)
             for c in d.conversation_ids:
                 self.trainer.forget(conversation=c, tenant=d.tenant)
+            self.trainer.forget_turns(frozenset(d.interaction_ids))  # the turns themselves, whatever their ids
         for sid in d.session_ids:  # the canary binds sessions (unique ids) to versions
             self.canary.forget(sid)
 
