@@ -72,20 +72,24 @@ models: $(STAMP)
 # The gateway's tests as if torch were not installed (tests/no_torch/sitecustomize.py hides it from
 # pytest and from every subprocess: rlgate serve, the fake servers); the tests that need a model or
 # training are marked `torch` (tests/conftest.py) and run in test-torch. The two make the whole suite.
+# Both halves run on WORKERS pytest-xdist workers (2 on the 2-core CI machine: the tests spend much of their time
+# waiting on subprocesses and sockets); tests sharing one expensive fixture stay on one worker (tests/conftest.py).
+WORKERS ?= 2
+XDIST := -n $(WORKERS) --dist loadgroup
 NO_TORCH := RLGATE_TESTS_NO_TORCH=1 PYTHONPATH=tests/no_torch$${PYTHONPATH:+:$$PYTHONPATH}
 
 test-core: $(STAMP)
-	$(NO_TORCH) $(BIN)/python -m pytest -q -m 'not torch'
+	$(NO_TORCH) $(BIN)/python -m pytest -q -m 'not torch' $(XDIST)
 
 test-torch: $(STAMP)
-	$(BIN)/python -m pytest -q -m torch
+	$(BIN)/python -m pytest -q -m torch $(XDIST)
 
 test: lint browser agent-clis models
-	$(NO_TORCH) $(BIN)/python -m pytest -q -m 'not torch'
-	$(BIN)/python -m pytest -q -m torch
+	$(NO_TORCH) $(BIN)/python -m pytest -q -m 'not torch' $(XDIST)
+	$(BIN)/python -m pytest -q -m torch $(XDIST)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m 'not slow'
+	$(BIN)/python -m pytest -q -m 'not slow' $(XDIST)
 
 fuzz: $(STAMP)
 	RLGATE_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest -q tests/test_fuzz.py
