@@ -29,7 +29,7 @@ WITHOUT_TORCH = os.environ.get("RLGATE_TESTS_NO_TORCH") == "1"
 # Test files that import torch at the top (every test in them needs it): not even collected without torch.
 # test_families.py: the family checkpoints are built with random weights (rlgate.testing.families).
 TORCH_FILES = ("test_engine_local.py", "test_train_loop.py", "test_train_loss.py", "test_families.py",
-               "test_real_models.py")
+               "test_real_models.py", "test_train_speed.py")
 collect_ignore = list(TORCH_FILES) if WITHOUT_TORCH else []
 
 
