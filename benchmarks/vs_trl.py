@@ -115,9 +115,10 @@ def run_rlgate(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout:
 
     s = settings(model)
     run_dir = out / f"run-rlgate-s{staleness}-{model}-seed{seed}"
-    write_jsonl(train, out / f"{model}-train.jsonl")
+    data = out / f"{model}-train-seed{seed}.jsonl"  # one per run: runs may go on side by side
+    write_jsonl(train, data)
     raw: dict[str, Any] = {
-        "model": str(model_dir), "out_dir": str(run_dir), "dataset": str(out / f"{model}-train.jsonl"),
+        "model": str(model_dir), "out_dir": str(run_dir), "dataset": str(data),
         "agent": "rlgate.demo.agents:EitherSDKMathAgent",
         "agent_kwargs": {"model": "policy", "max_tokens": s["max_tokens"]},
         "steps": steps, "seed": seed, "checkpoint_every": 10**6, "keep_checkpoints": 1, "resume": False,
