@@ -192,8 +192,7 @@ def time_variants(model_dir: Path, last: dict, repeats: int, micro: int) -> list
     def grpo(trim: bool = True, dtype: torch.dtype = torch.float32, checkpointing: bool = False):
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
         if checkpointing:
-            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         trainer = GRPOTrainer(model, GRPOConfig(lr=1e-5, micro_batch_size=micro, device="cpu", trim_logits=trim))
         return lambda: trainer.step(samples, gids, version)
 
