@@ -101,7 +101,7 @@ def test_the_tools_demo_runs_end_to_end_on_smollm2(tmp_path):
     # a warm start far shorter (and steeper) than the demo's: enough for SmolLM2 to write the call format
     small = {"warm_start_steps": 10, "warm_start_lr": 3e-4, "warm_start_batch": 4, "warm_start_items": 40,
              "groups_per_step": 2, "group_size": 4, "eval_items": 4, "eval_every": 1, "final_eval_samples": 1,
-             "concurrency": 8}
+             "concurrency": 8, "episode_timeout": 1800}
     assert run_real_tools_demo(tmp_path, steps=1, overrides=small) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 1 and len(summary["reward_per_step"]) == 1

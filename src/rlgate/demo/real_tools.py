@@ -71,6 +71,7 @@ class RealToolsSettings(DemoSettings):
     eval_items: int = 64
     eval_samples: int = 1
     final_eval_samples: int = 2
+    episode_timeout: float = 600.0  # seconds; a 3-turn episode on a saturated 2-core machine took over 300
     dtype: str = "float32"
 
 
@@ -112,7 +113,7 @@ def demo_config(settings: RealToolsSettings, *, model_dir: Path, out: Path, url:
                         scale_adv_by_std=False, micro_batch_size=32, pad_token_id=0, device=device),
         train=ModelSettings(dtype="bfloat16" if settings.dtype == "bfloat16" else "float32"),
         rollout=RolloutSettings(group_size=settings.group_size, concurrency=settings.concurrency,
-                                episode_timeout=300, export_style="concat"),
+                                episode_timeout=settings.episode_timeout, export_style="concat"),
         gateway=GatewaySettings(url=url, admin_key=admin_key, sync_dir=str(out / "sync"), sync_keep=1),
         tracking=TrackingSettings(trajectories=False, plot=False),
     )
