@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -181,11 +182,10 @@ def _wired(tokenizer, stop_ids, redaction: str | None = None, **opts: object):
 
 
 async def _until(cond, what: str) -> None:
-    for _ in range(500):
-        if cond():
-            return
+    deadline = time.monotonic() + 120  # a guard against a hang, far above what a loaded machine needs
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_feedback_and_live_groups_reach_the_trainer_and_deletion_removes_them(tokenizer, stop_ids, asgi_client):
