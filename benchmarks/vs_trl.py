@@ -290,7 +290,7 @@ def main() -> None:
           "held-out greedy before -> after | load |\n|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['side']} | {r['seed']} | {r['step_s']:.2f} | {r['rollout_s']:.2f} | {r['train_s']:.2f} | "
-              f"{r['tokens_per_s']:.0f} | {r['loop_s']:.1f} | {100 * r['accuracy_before']:.1f}% -> "
+              f"{r['cpu_s_per_step']:.2f} | {r['tokens_per_s']:.0f} | {r['loop_s']:.1f} | {100 * r['accuracy_before']:.1f}% -> "
               f"{100 * r['accuracy_after']:.1f}% | {r['load']:.1f} |")
     for side in args.sides:
         mine = [r for r in rows if r["side"] == side]
