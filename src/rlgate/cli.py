@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlgate.config import STALE_LAG, ClusterConfig, GatewayConfig, OnlineConfig, add_arguments, from_arguments, option
-from rlgate.secret_files import write_secret_file
+from rlgate.server.key_file import claim_key_file, publish_key_file
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 
@@ -204,41 +204,6 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     print(f"rlgate: model family {gen.family.title} ({gen.family.name}); renderer {gen.renderer.name}; "
           f"tool parser {gen.tool_parser or 'none'}; reasoning parser {gen.reasoning_parser or 'none'}", flush=True)
     return app
-
-
-_HELD_KEY_FILES: list[int] = []  # descriptors holding the lock on this process's --admin-key-file
-
-
-def claim_key_file(path: Path) -> None:
-    """SystemExit if a running gateway holds ``path`` (its ``--admin-key-file``): rewriting it would
-    lock that gateway's clients out. The holder keeps an ``flock`` on the file while it runs."""
-    import fcntl
-
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return  # no file yet (or unreadable: writing it will say so)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise SystemExit(f"rlgate: --admin-key-file {path} holds the admin key of a running gateway; "
-                         "not overwriting it (choose another file, or stop that gateway first)") from None
-    finally:
-        os.close(fd)
-
-
-def publish_key_file(path: Path, key: str) -> None:
-    """Write the key (0600, not through a link) and hold the file's lock until this process exits."""
-    import fcntl
-
-    write_secret_file(path, key + "\n")
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:  # another gateway claimed it in between: it keeps it
-        os.close(fd)
-        raise SystemExit(f"rlgate: --admin-key-file {path} was claimed by another gateway meanwhile") from None
-    _HELD_KEY_FILES.append(fd)
 
 
 def resolve_model_arg(args: argparse.Namespace) -> None:
