@@ -11,6 +11,7 @@ import json
 import math
 
 import anthropic
+import httpx
 import openai
 import pytest
 from anthropic import AsyncAnthropic
@@ -284,26 +285,27 @@ async def test_math_agents_contract_with_scripted_replies(make_app, serve, token
 
 async def test_sdks_do_not_retry_a_session_that_ended(make_app, serve, tokenizer):
     """409 session_ended / 410 session_interrupted are final: they say so (x-should-retry: false), and
-    the SDKs, which retry a 409 twice by default, send the request once."""
+    the SDKs, which retry a 409 twice by default, send the request once. Counted on the client's side
+    (every request its HTTP client sends), since the server's metric is written after the answer leaves."""
     from openai import AsyncOpenAI
 
-    app = make_app(FakeEngine(tokenizer))
-    url = serve(app)
-    registry = app.state.gateway.metrics.registry
+    url = serve(make_app(FakeEngine(tokenizer)))
+    sent: list[str] = []
 
-    def answered_409() -> float:
-        return sum(registry.get_sample_value("rlgate_requests_total", {"surface": surface, "status": "409",
-                                                                       "streamed": "false"}) or 0.0
-                   for surface in ("chat", "messages"))
+    async def count(request: object) -> None:
+        sent.append(str(request.url.path))  # type: ignore[attr-defined]
 
     async with GatewayClient(url, ADMIN_KEY) as gw:
         s = await gw.start_session("retry")
         await s.end()
-        oai = AsyncOpenAI(base_url=s.base_url, api_key=s.api_key)  # default retries
-        with pytest.raises(openai.ConflictError) as exc:
-            await oai.chat.completions.create(model="m", messages=USER, max_tokens=4)
-        assert exc.value.response.headers["x-should-retry"] == "false"
-        ant = AsyncAnthropic(base_url=s.anthropic_base_url, api_key=s.api_key)
-        with pytest.raises(anthropic.ConflictError):
-            await ant.messages.create(model="m", max_tokens=4, messages=USER)
-    assert answered_409() == 2  # once each: no retries
+        async with httpx.AsyncClient(event_hooks={"request": [count]}) as http:
+            oai = AsyncOpenAI(base_url=s.base_url, api_key=s.api_key, http_client=http)  # default retries
+            with pytest.raises(openai.ConflictError) as exc:
+                await oai.chat.completions.create(model="m", messages=USER, max_tokens=4)
+            assert exc.value.response.headers["x-should-retry"] == "false"
+        # anthropic's SDK brings its own httpx fork; its default client takes the same event hooks
+        async with anthropic.DefaultAsyncHttpxClient(event_hooks={"request": [count]}) as http:
+            ant = AsyncAnthropic(base_url=s.anthropic_base_url, api_key=s.api_key, http_client=http)
+            with pytest.raises(anthropic.ConflictError):
+                await ant.messages.create(model="m", max_tokens=4, messages=USER)
+    assert [path.rsplit("/", 1)[-1] for path in sent] == ["completions", "messages"]  # once each: no retries
