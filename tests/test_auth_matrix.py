@@ -31,6 +31,7 @@ ROUTES: dict[tuple[str, str], tuple[str, dict | None]] = {
     ("POST", "/rl/set_reward"): (SESSION_OR_ADMIN, {"reward": 1.0}),
     ("POST", "/export_trajectories"): (ADMIN, {"session_id": "nobody-0"}),
     ("POST", "/rl/collect"): (ADMIN, {"max_sessions": 1}),
+    ("POST", "/rl/finish_session"): (ADMIN, {"session_id": "nobody-0"}),
     ("POST", "/rl/update_weights"): (ADMIN, {"path": "/nonexistent"}),
     ("GET", "/rl/metrics"): (ADMIN, None),
     ("GET", "/metrics"): (ADMIN, None),

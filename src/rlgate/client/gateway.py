@@ -8,6 +8,10 @@
         ...                                   # the agent talks to the gateway
         await s.set_reward(1.0)               # rewards the last interaction
     batch = await s.export(discount=0.9, style="concat")
+
+    s = await client.start_session("task-2")
+    ...                                       # the agent talks to the gateway
+    batch = await s.finish(1.0)               # end + reward + export in one call
 """
 
 from __future__ import annotations
@@ -72,6 +76,18 @@ class SessionHandle:
         out = await self._client._post("/rl/end_session", {}, key=self.api_key, idempotent=True)
         self.ended = True
         return int(out["interaction_count"])
+
+    async def finish(
+        self, reward: float | dict[str, float] | None = None, *, discount: float = 1.0, style: str = "individual",
+        wait_timeout: float = 0.0,
+    ) -> dict[str, Any]:
+        """End, reward and export in one call (``POST /rl/finish_session``, admin key): ``reward`` is a
+        float for the last completed interaction, or ``{interaction_id: reward}``. Returns the export;
+        the session is gone afterwards."""
+        out = await self._client.finish_session(self.session_id, reward, discount=discount, style=style,
+                                                wait_timeout=wait_timeout)
+        self.ended = True
+        return out
 
     async def export(
         self, *, discount: float = 1.0, style: str = "individual", keep: bool = False, wait_timeout: float = 0.0
@@ -156,6 +172,21 @@ class GatewayClient:
             "session_id": session_id, "discount": discount, "style": style, "keep": keep,
             "wait_timeout": wait_timeout,
         }, idempotent=keep)  # without keep, an export retires the session: a lost answer is not retried
+
+    async def finish_session(
+        self, session_id: str, reward: float | dict[str, float] | None = None, *, discount: float = 1.0,
+        style: str = "individual", wait_timeout: float = 0.0,
+    ) -> dict[str, Any]:
+        """``POST /rl/finish_session``: end an active session, set its rewards (a float for the last
+        completed interaction, or ``{interaction_id: reward}``) and return its export, all or nothing."""
+        body: dict[str, Any] = {"session_id": session_id, "discount": discount, "style": style,
+                                "wait_timeout": wait_timeout}
+        if isinstance(reward, dict):
+            body["rewards"] = reward
+        elif reward is not None:
+            body["reward"] = reward
+        # it exports and retires the session: a lost answer is not retried (as an export without keep)
+        return await self._post("/rl/finish_session", body)
 
     async def update_weights(self, path: str) -> int:
         return int((await self._post("/rl/update_weights", {"path": str(path)}))["version"])

@@ -45,6 +45,7 @@ from rlgate.trajectory.tree import interaction_key, register_completed
 log = logging.getLogger("rlgate.sessions")
 
 MIN_KEY_LENGTH = 32
+NOTHING_TO_REWARD = "no_completed_interaction"  # error code: a reward for a session that made no LLM call
 
 
 def recorded_image_bytes(session: Session) -> int:
@@ -348,19 +349,27 @@ class SessionManager:
 
     # ------------------------------------------------------------------ rewards
 
-    def set_reward(self, session: Session, reward: float, interaction_id: str | None) -> Interaction:
+    def reward_target(self, session: Session, interaction_id: str | None) -> Interaction:
+        """The interaction a reward lands on: ``interaction_id``'s, or the last completed one (400 if none)."""
         if interaction_id is None:
             target = session.last_completed()
             if target is None:
-                raise InvalidRequest(f"session {session.id} has no completed interaction to reward")
-        else:
-            target = session.interactions.get(interaction_id)
-            if target is None:
-                raise InvalidRequest(f"interaction {interaction_id!r} is not in session {session.id}",
-                                     param="interaction_id")
-            if not target.completed:
-                raise InvalidRequest(f"interaction {interaction_id!r} did not complete ({target.status})",
-                                     param="interaction_id")
+                raise InvalidRequest(f"session {session.id} has no completed interaction to reward",
+                                     code=NOTHING_TO_REWARD)
+            return target
+        target = session.interactions.get(interaction_id)
+        if target is None:
+            raise InvalidRequest(f"interaction {interaction_id!r} is not in session {session.id}",
+                                 param="interaction_id")
+        if not target.completed:
+            raise InvalidRequest(f"interaction {interaction_id!r} did not complete ({target.status})",
+                                 param="interaction_id")
+        return target
+
+    def set_reward(self, session: Session, reward: float, interaction_id: str | None) -> Interaction:
+        return self._reward(self.reward_target(session, interaction_id), reward)
+
+    def _reward(self, target: Interaction, reward: float) -> Interaction:
         previous = target.reward
         target.reward = float(reward)
         self.store.save_interaction(target)
@@ -400,6 +409,11 @@ class SessionManager:
             await asyncio.sleep(min(left, 0.02))
         if session.exported_at is not None:  # another export took it while this one waited
             raise NotFound(f"session {session_id!r} not found (exported meanwhile by another request)")
+        return self._export_now(session, style=style, discount=discount, keep=keep, current_version=current_version)
+
+    def _export_now(self, session: Session, *, style: ExportStyle, discount: float, keep: bool,
+                    current_version: int | None) -> dict[str, Any]:
+        """The export of a finished session with nothing in flight; without ``keep`` the session goes."""
         samples, stats = export_samples(list(session.interactions.values()), style=style, discount=discount,
                                         task_id=session.task_id)
         interactions = [s.to_dict() for s in samples]
@@ -431,7 +445,15 @@ class SessionManager:
         if self._by_key.get(session.key_hash) == session.id:  # the key may map to a newer session
             del self._by_key[session.key_hash]
         session.exported_at = time.time()
-        self._finished.pop(session.id, None)
+        finished = self._finished.pop(session.id, 0) is None
+
+        def undo() -> None:  # the request's writes (a finish's end and rewards) failed: exportable again
+            session.exported_at = None
+            self._by_key.setdefault(session.key_hash, session.id)
+            if finished:
+                self._finished[session.id] = None
+
+        on_write_failure(undo)
 
         def drop() -> None:
             if self.config.retain_exported > 0:
@@ -443,6 +465,50 @@ class SessionManager:
 
         after_response(drop)
         log.info("session %s exported", session.id)
+
+    async def finish(
+        self,
+        session_id: str,
+        *,
+        reward: float | None = None,
+        rewards: dict[str, float] | None = None,
+        style: ExportStyle = "individual",
+        discount: float = 1.0,
+        wait_timeout: float = 0.0,
+        current_version: int | None = None,
+    ) -> dict[str, Any]:
+        """End an active session, set its rewards and return its export, as ``end_session``,
+        ``set_reward`` (``reward``: the last completed interaction's; ``rewards``: by interaction id)
+        and :meth:`export` would one after the other, in one request: the rollout's per-episode
+        control calls (issue 28). All or nothing: every reward target is checked before anything
+        changes, and a failed store write undoes the end and the rewards (the session is active and
+        exportable again). Waits up to ``wait_timeout`` s for the session's requests in flight.
+
+        404: unknown or exported; 409 / 410: no longer active (ended, interrupted); 409
+        ``session_busy``: requests still in flight; 400 ``no_completed_interaction``: a reward but
+        no completed interaction to put it on (the agent made no LLM call)."""
+        session = self.sessions.get(session_id)
+        if session is None or session.exported_at is not None:
+            raise NotFound(f"session {session_id!r} not found (never started, or already exported)")
+        self.require_active(session)
+        deadline = time.monotonic() + max(0.0, wait_timeout)
+        while session.in_flight:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Conflict(f"session {session_id} has requests in flight; finish it when they are answered "
+                               "or pass wait_timeout", code="session_busy")
+            await asyncio.sleep(min(left, 0.02))
+        if self.sessions.get(session_id) is not session or session.exported_at is not None:
+            raise NotFound(f"session {session_id!r} not found (exported meanwhile by another request)")
+        self.require_active(session)  # ended by another request (or the sweeper) while this one waited
+        # From here on nothing awaits: no request of the session can slip in between the steps.
+        targets = [] if reward is None else [(self.reward_target(session, None), reward)]
+        targets += [(self.reward_target(session, iid), r) for iid, r in (rewards or {}).items()]
+        self.end_session(session)
+        for target, r in targets:
+            self._reward(target, r)
+        return self._export_now(session, style=style, discount=discount, keep=False,
+                                current_version=current_version)
 
     def _mark_finished(self, session: Session) -> None:
         self._finished[session.id] = None

@@ -6,6 +6,12 @@ GRPO group), with at most ``concurrency`` episodes in flight. An episode is::
     start_session -> agent.run(data, base_url, api_key) -> end_session
         -> [reward_fn(episode)] -> rewards -> export -> typed Samples
 
+Without a reward function (and without a collector) the last three are one control call,
+``finish_session`` (end, rewards and export, all or nothing: issue 28 measured the control calls
+as the larger part of an episode's cost on the toy model), so an episode is::
+
+    start_session -> agent.run -> finish_session -> typed Samples
+
 The agent's return value sets the rewards (a float rewards the last interaction; a dict
 rewards the given interaction ids), unless a reward function scores the episode. The
 session is ended first (its interaction count tells whether the agent called the gateway
@@ -48,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlgate.client.gateway import GatewayClient, GatewayClientError
+from rlgate.core.sessions import NOTHING_TO_REWARD
 from rlgate.rollout.agent import AgentResult, check_result, run_inline, run_subprocess
 from rlgate.rollout.errors import AgentError, RunError, TooManyFailures
 from rlgate.rollout.reward import FinishedEpisode, RewardFn, call_reward_fn
@@ -183,6 +190,9 @@ class RolloutRunner:
         self.max_consecutive_failures = max_consecutive_failures
         self._stop: TooManyFailures | None = None  # set by the failure that made the streak too long
         self.collector = collector
+        # without a reward function or a collector an episode ends, is rewarded and exported in one
+        # control call (/rl/finish_session) instead of three; False: the three (end, set_reward, export)
+        self.fused_finish = True
         self.counters = RolloutCounters()
         self._sem = asyncio.Semaphore(concurrency)
         self._concurrency = concurrency
@@ -244,6 +254,8 @@ class RolloutRunner:
             ep.result = check_result(ep.output, self.reward_range)
         if self.collector is not None:
             export = await self._collected(ep, session)
+        elif self.reward_fn is None and self.fused_finish:
+            export = await self._finished(ep, session)
         else:
             if await session.end() == 0:
                 raise AgentError(NO_LLM_CALL)
@@ -259,6 +271,20 @@ class RolloutRunner:
         for s in ep.samples:
             s.group_id, s.episode = ep.group_id, ep.index
         ep.stats = export["stats"]
+
+    async def _finished(self, ep: Episode, session: Any) -> dict[str, Any]:
+        """End, reward and export in one call (``/rl/finish_session``). A session without a completed
+        interaction is refused before anything changes (400 ``no_completed_interaction``): the agent
+        made no LLM call, and the session is discarded as any failed episode's."""
+        try:
+            export: dict[str, Any] = await session.finish(ep.result, style=self.export_style,
+                                                          discount=self.discount)
+        except GatewayClientError as exc:
+            if exc.status == 400 and _error_code(exc.body) == NOTHING_TO_REWARD:
+                raise AgentError(NO_LLM_CALL) from None
+            raise
+        ep.exported = True
+        return export
 
     async def _collected(self, ep: Episode, session: Any) -> dict[str, Any]:
         """With a collector: rewards first (the collector takes the export the moment the session
@@ -431,6 +457,11 @@ async def _set_rewards(session: Any, result: AgentResult | None) -> None:
     else:
         assert result is not None
         await session.set_reward(result)
+
+
+def _error_code(body: Any) -> Any:
+    error = body.get("error") if isinstance(body, dict) else None
+    return error.get("code") if isinstance(error, dict) else None
 
 
 def _is_factory(obj: Any) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, FiniteFloat
 
 
 class GrantCapacityRequest(BaseModel):
@@ -30,6 +30,17 @@ class ExportRequest(BaseModel):
     style: Literal["individual", "concat"] = "individual"
     keep: bool = False  # leave the session in place (export again later)
     wait_timeout: float = Field(default=0.0, ge=0.0, le=3600.0)  # seconds to wait for the session to end
+
+
+class FinishSessionRequest(BaseModel):
+    """End an active session, reward it and export it, in one call (rlgate extension)."""
+
+    session_id: str
+    reward: float | None = Field(default=None, allow_inf_nan=False)  # for the last completed interaction
+    rewards: dict[str, FiniteFloat] | None = None  # interaction id -> reward
+    discount: float = Field(default=1.0, ge=0.0, le=1.0)
+    style: Literal["individual", "concat"] = "individual"
+    wait_timeout: float = Field(default=0.0, ge=0.0, le=3600.0)  # seconds to wait for requests in flight
 
 
 class UpdateWeightsRequest(BaseModel):

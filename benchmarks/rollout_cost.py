@@ -1,0 +1,93 @@
+"""What one rollout round of ``rlgate train`` costs, without the training step, A/B in one process.
+
+    python benchmarks/rollout_cost.py --out /tmp/vs-trl --rounds 6
+    py-spy record -o /tmp/rollout.svg --threads -- .venv/bin/python benchmarks/rollout_cost.py --out /tmp/vs-trl
+
+The setup of ``benchmarks/vs_trl.py``'s ``rlgate`` side (the tiny model's demo warm start cached in
+``--out``, the in-process gateway :func:`~rlgate.train.gateway.open_gateway` starts, the demo's
+``EitherSDKMathAgent``, 8 prompts × 8 episodes of at most 8 new tokens, 64 in flight), minus the
+trainer: each round grants 64 sessions and plays the 8 groups with the very
+:class:`~rlgate.rollout.runner.RolloutRunner` ``rlgate train`` builds. ``--variants`` are played in
+turn, round by round (so the machine's load falls on all alike): ``fused`` ends, rewards and exports
+each episode with one ``POST /rl/sessions/{id}/finish`` (the runner's default), ``separate`` with the
+three calls (end, set_reward, export). Prints per variant the median round wall time, its CPU time
+(``time.process_time``, every thread of the process), the per-episode cost and the ratio to the
+first variant, with the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import vs_trl  # noqa: E402 - the same prepared checkpoint and settings
+
+VARIANTS = ("fused", "separate")
+
+
+async def run(out: Path, rounds: int, variants: list[str]) -> None:
+    from rlgate.train.config import TrainConfig
+    from rlgate.train.gateway import open_gateway
+    from rlgate.train.loading import load_agent
+    from rlgate.train.run import make_runner
+
+    model_dir, train, _ = vs_trl.prepare(out, "toy")
+    s = vs_trl.settings("toy")
+    n = s["groups"] * s["group_size"]
+    cfg = TrainConfig.model_validate({
+        "model": str(model_dir), "out_dir": str(out / "rollout-cost"), "dataset": "unused.jsonl",
+        "agent": "rlgate.demo.agents:EitherSDKMathAgent",
+        "agent_kwargs": {"model": "policy", "max_tokens": s["max_tokens"]},
+        "rollout": {"group_size": s["group_size"], "concurrency": n, "seed": 0},
+    })
+    gw = await open_gateway(cfg, model_dir, model_dir)
+    runner = make_runner(cfg, gw.client, load_agent(cfg.agent, cfg.agent_kwargs), None)
+    times: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
+    try:
+        for r in range(rounds + 1):  # round 0 warms up (connections, caches) and is not counted
+            for v in variants:
+                runner.fused_finish = v == "fused"
+                items = [(f"r{r}{v}-{g}", train[(r * s["groups"] + g) % len(train)]) for g in range(s["groups"])]
+                await gw.client.grant_capacity(n)
+                t, c = time.perf_counter(), time.process_time()
+                groups = [g async for g in runner.groups(items)]
+                wall, cpu = time.perf_counter() - t, time.process_time() - c
+                failed = sum(not e.ok for g in groups for e in g.episodes)
+                if failed:
+                    raise SystemExit(f"{v}: {failed} of {n} episodes failed: {runner.counters.first_failure}")
+                if r:
+                    times[v].append((wall, cpu))
+                print(f"round {r} {v}: {wall:.3f} s wall, {cpu:.3f} s CPU (load {os.getloadavg()[0]:.2f})",
+                      flush=True)
+    finally:
+        await runner.aclose()
+        await gw.close()
+    base = statistics.median(w for w, _ in times[variants[0]])
+    print(f"\n{rounds} rounds of {n} episodes (median), load average now {os.getloadavg()}")
+    for v in variants:
+        wall = statistics.median(w for w, _ in times[v])
+        cpu = statistics.median(c for _, c in times[v])
+        print(f"{v:>9}: {wall:.3f} s/round wall ({1000 * wall / n:.1f} ms/episode), {cpu:.3f} s CPU; "
+              f"{wall / base:.2f}x {variants[0]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="vs-trl-out", help="vs_trl.py's --out (the warm start is cached there)")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    asyncio.run(run(out, args.rounds, args.variants))
+
+
+if __name__ == "__main__":
+    main()
