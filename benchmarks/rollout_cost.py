@@ -8,9 +8,11 @@ The setup of ``benchmarks/vs_trl.py``'s ``rlgate`` side (the tiny model's demo w
 ``EitherSDKMathAgent``, 8 prompts × 8 episodes of at most 8 new tokens, 64 in flight), minus the
 trainer: each round grants 64 sessions and plays the 8 groups with the very
 :class:`~rlgate.rollout.runner.RolloutRunner` ``rlgate train`` builds. ``--variants`` are played in
-turn, round by round (so the machine's load falls on all alike): ``fused`` ends, rewards and exports
-each episode with one ``POST /rl/sessions/{id}/finish`` (the runner's default), ``separate`` with the
-three calls (end, set_reward, export). Prints per variant the median round wall time, its CPU time
+turn, round by round (so the machine's load falls on all alike): ``new`` (the runner's defaults) starts
+the round's sessions in one ``POST /rl/start_sessions`` and ends, rewards and exports each episode with
+one ``POST /rl/finish_session``: two control calls per episode, one of them shared; ``finish-only``
+starts each session with its own call; ``old`` makes the four calls of before (start, end,
+set_reward, export). Prints per variant the median round wall time, its CPU time
 (``time.process_time``, every thread of the process), the per-episode cost and the ratio to the
 first variant, with the load average.
 """
@@ -29,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import vs_trl  # noqa: E402 - the same prepared checkpoint and settings
 
-VARIANTS = ("fused", "separate")
+# name -> (runner.batch_starts, runner.fused_finish)
+VARIANTS = {"new": (True, True), "finish-only": (False, True), "old": (False, False)}
 
 
 async def run(out: Path, rounds: int, variants: list[str]) -> None:
@@ -53,7 +56,7 @@ async def run(out: Path, rounds: int, variants: list[str]) -> None:
     try:
         for r in range(rounds + 1):  # round 0 warms up (connections, caches) and is not counted
             for v in variants:
-                runner.fused_finish = v == "fused"
+                runner.batch_starts, runner.fused_finish = VARIANTS[v]
                 items = [(f"r{r}{v}-{g}", train[(r * s["groups"] + g) % len(train)]) for g in range(s["groups"])]
                 await gw.client.grant_capacity(n)
                 t, c = time.perf_counter(), time.process_time()
@@ -82,7 +85,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="vs-trl-out", help="vs_trl.py's --out (the warm start is cached there)")
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

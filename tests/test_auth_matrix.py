@@ -32,6 +32,7 @@ ROUTES: dict[tuple[str, str], tuple[str, dict | None]] = {
     ("POST", "/export_trajectories"): (ADMIN, {"session_id": "nobody-0"}),
     ("POST", "/rl/collect"): (ADMIN, {"max_sessions": 1}),
     ("POST", "/rl/finish_session"): (ADMIN, {"session_id": "nobody-0"}),
+    ("POST", "/rl/start_sessions"): (ADMIN, {"sessions": [{"task_id": "x"}]}),
     ("POST", "/rl/update_weights"): (ADMIN, {"path": "/nonexistent"}),
     ("GET", "/rl/metrics"): (ADMIN, None),
     ("GET", "/metrics"): (ADMIN, None),

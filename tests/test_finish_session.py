@@ -217,3 +217,78 @@ async def test_the_runner_finishes_in_one_call_with_the_same_samples(gateway):
         group = await runner.group("g", {})
         assert [e.error for e in group.episodes] == [NO_LLM_CALL] * 2
         assert (await client.metrics())["sessions"] == 0  # the failed episodes' sessions were discarded
+
+
+# --------------------------------------------------------------------------- batched starts
+
+
+async def test_start_sessions_answers_each_item_as_the_single_call_would(make_app, tokenizer):
+    with ServerThread(make_app(FakeEngine(tokenizer), capacity_mode="granted")) as url:
+        async with GatewayClient(url, ADMIN_KEY) as client:
+            await client.grant_capacity(3)
+            got = await client.start_sessions(["a", "b", "a", "c"])
+            assert [s.session_id for s in got[:3]] == ["a-0", "b-0", "a-1"]  # type: ignore[union-attr]
+            assert isinstance(got[3], GatewayClientError) and got[3].status == 429
+            assert got[3].body["error"]["code"] == "no_capacity"
+            await two_turns(url, got[0].api_key)  # type: ignore[union-attr]  # a working session key
+            await client.grant_capacity(1)
+            r = await client._http.post(url + "/rl/start_sessions", headers=admin_headers(),
+                                        json={"sessions": [{"task_id": "bad\n"}, {"task_id": "d"}]})
+            assert r.status_code == 200
+            bad, good = r.json()["sessions"]
+            assert bad["status"] == 400 and bad["error"]["param"] == "task_id" and good["session_id"] == "d-0"
+            for body, status in (({"sessions": []}, 422), ({"sessions": [{"task_id": ""}]}, 422)):
+                assert (await client._http.post(url + "/rl/start_sessions", json=body,
+                                                headers=admin_headers())).status_code == status
+            r = await client._http.post(url + "/rl/start_sessions", json={"sessions": [{"task_id": "e"}]},
+                                        headers=key_headers(got[1].api_key))  # type: ignore[union-attr]
+            assert r.status_code == 403
+
+
+async def test_the_runner_starts_a_step_in_one_call(make_app, tokenizer):
+    class Agent:
+        async def run(self, data, *, base_url, api_key, http_client=None):
+            await two_turns(base_url, api_key)
+            return 1.0
+
+    with ServerThread(make_app(FakeEngine(tokenizer, script=lambda r: "7"), capacity_mode="granted")) as url:
+        async with GatewayClient(url, ADMIN_KEY) as client:
+            runner = RolloutRunner(client, Agent(), group_size=4)
+            await client.grant_capacity(6)  # two short: those are retried (429) until granted
+            play = asyncio.ensure_future(_all(runner.groups([("g0", {}), ("g1", {})])))
+            await eventually(lambda: runner.counters.started == 8 and runner._starts.calls >= 2, timeout=60)
+            assert not play.done()
+            await client.grant_capacity(2)
+            groups = await play
+            await runner.aclose()
+            assert [len(g.ok) for g in groups] == [4, 4]
+            metrics = await client.metrics()
+            assert metrics["sessions_started"] == 8 and metrics["sessions"] == 0
+            assert runner._starts.calls <= 8  # the first call started 6 of them
+
+
+async def _all(it):
+    return [g async for g in it]
+
+
+async def test_through_a_cluster_router_finish_is_routed_and_starts_are_not_batched(tokenizer, stop_ids):
+    from rlgate.cluster.keys import session_id_replica
+    from test_cluster_router import Deployment
+
+    class Agent:
+        async def run(self, data, *, base_url, api_key, http_client=None):
+            ids = await two_turns(base_url, api_key)
+            return {ids[1]: 1.0}
+
+    d = Deployment(tokenizer, stop_ids)
+    try:
+        async with GatewayClient(d.url, ADMIN_KEY) as client:
+            runner = RolloutRunner(client, Agent(), group_size=6)
+            group = await runner.group("g", {})
+            await runner.aclose()
+        assert [e.error for e in group.episodes] == [None] * 6
+        assert runner._direct is False and runner._starts.calls == 0
+        assert len({session_id_replica(e.session_id) for e in group.episodes}) > 1  # spread by the router
+        assert all(e.samples[-1].reward == 1.0 for e in group.episodes)
+    finally:
+        d.stop()

@@ -155,6 +155,14 @@ class GatewayClient:
         out = await self._post("/rl/start_session", body)
         return SessionHandle(self, out["session_id"], out["api_key"])
 
+    async def start_sessions(self, task_ids: list[str]) -> list[SessionHandle | GatewayClientError]:
+        """``POST /rl/start_sessions``: a session per task id, in one call. Each item is the session,
+        or the error the single call would have raised for that one (e.g. 429 ``no_capacity``)."""
+        out = await self._post("/rl/start_sessions", {"sessions": [{"task_id": t} for t in task_ids]})
+        return [SessionHandle(self, item["session_id"], item["api_key"]) if "session_id" in item
+                else GatewayClientError(int(item["status"]), {"error": item["error"]}, "/rl/start_sessions")
+                for item in out["sessions"]]
+
     @contextlib.asynccontextmanager
     async def session(self, task_id: str, **kw: Any) -> AsyncIterator[SessionHandle]:
         """Start a session; end it when the block exits (also on error)."""

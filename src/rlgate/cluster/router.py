@@ -12,8 +12,9 @@ session key (generation,        the replica the key names (HMAC-checked here: a 
 ``POST /rl/start_session``      the less loaded of two random healthy replicas (power of
                                 two choices); a client-chosen ``api_key``: its hashed replica
 admin + ``session_id`` in body  the replica named by the id (``r<k>.`` prefix):
-(``/export_trajectories``,      ``/export_trajectories``, ``/rl/set_reward``
-``/rl/set_reward``)
+(``/export_trajectories``,      ``/export_trajectories``, ``/rl/set_reward``,
+``/rl/set_reward``,             ``/rl/finish_session``
+``/rl/finish_session``)
 ``POST /grant_capacity``        split across the healthy replicas
 ``POST /rl/update_weights``     the weight-update controller (a barrier across replicas)
 ``GET /rl/metrics``             every replica, summed (+ per replica)
@@ -72,7 +73,7 @@ WeightUpdater = Callable[[str], Awaitable[int]]
 _HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
                b"proxy-authorization", b"proxy-connection", b"content-length", b"host"}
 WHOLE_RESPONSE_BYTES = 1024 * 1024  # responses up to this size go back in one piece; larger ones stream
-_ADMIN_SESSION_ROUTES = {"/export_trajectories", "/rl/set_reward"}
+_ADMIN_SESSION_ROUTES = {"/export_trajectories", "/rl/set_reward", "/rl/finish_session"}
 
 
 class Router:

@@ -12,6 +12,9 @@ as the larger part of an episode's cost on the toy model), so an episode is::
 
     start_session -> agent.run -> finish_session -> typed Samples
 
+and the episodes that start together start their sessions in one ``start_sessions`` call
+(``rollout/starts.py``; not through a cluster router, which places each session itself).
+
 The agent's return value sets the rewards (a float rewards the last interaction; a dict
 rewards the given interaction ids), unless a reward function scores the episode. The
 session is ended first (its interaction count tells whether the agent called the gateway
@@ -58,6 +61,7 @@ from rlgate.core.sessions import NOTHING_TO_REWARD
 from rlgate.rollout.agent import AgentResult, check_result, run_inline, run_subprocess
 from rlgate.rollout.errors import AgentError, RunError, TooManyFailures
 from rlgate.rollout.reward import FinishedEpisode, RewardFn, call_reward_fn
+from rlgate.rollout.starts import BatchedStarts
 from rlgate.trajectory.sample import Sample
 
 log = logging.getLogger("rlgate.rollout")
@@ -193,6 +197,12 @@ class RolloutRunner:
         # without a reward function or a collector an episode ends, is rewarded and exported in one
         # control call (/rl/finish_session) instead of three; False: the three (end, set_reward, export)
         self.fused_finish = True
+        # the episodes starting together start their sessions in one call (/rl/start_sessions,
+        # rollout/starts.py), unless the gateway is a cluster router; False: one call per episode
+        self.batch_starts = True
+        self._starts = BatchedStarts(client)
+        self._direct: bool | None = None  # the gateway is no cluster router (asked once)
+        self._batchable_lock = asyncio.Lock()
         self.counters = RolloutCounters()
         self._sem = asyncio.Semaphore(concurrency)
         self._concurrency = concurrency
@@ -224,6 +234,7 @@ class RolloutRunner:
         return self._http
 
     async def aclose(self) -> None:
+        await self._starts.aclose()
         if self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -234,12 +245,25 @@ class RolloutRunner:
         delay = 0.01
         while True:
             try:
+                if self.batch_starts and await self._batchable():
+                    return await self._starts.start(task_id)
                 return await self.client.start_session(task_id)
             except GatewayClientError as exc:
+                if exc.route == "/rl/start_sessions" and exc.status in (404, 405):  # an older gateway
+                    self.batch_starts = False
+                    continue
                 if exc.status != 429:
                     raise
                 await asyncio.sleep(delay)  # no capacity yet: the trainer grants more per version
                 delay = min(delay * 2, 0.5)
+
+    async def _batchable(self) -> bool:
+        """Whether starts may go out batched: not through a cluster router (its /health lists
+        replicas), which places each ``start_session`` on a replica of its own choosing."""
+        async with self._batchable_lock:
+            if self._direct is None:
+                self._direct = "replicas" not in await self.client.health()
+        return self._direct
 
     async def _play(self, ep: Episode, session: Any) -> None:
         agent = self._agent_for(ep.group_id, ep.data)

@@ -18,6 +18,12 @@ class StartSessionRequest(BaseModel):
     metadata: dict[str, Any] | None = None
 
 
+class StartSessionsRequest(BaseModel):
+    """Several ``/rl/start_session`` bodies in one call (rlgate extension)."""
+
+    sessions: list[StartSessionRequest] = Field(min_length=1, max_length=1024)
+
+
 class SetRewardRequest(BaseModel):
     reward: float = Field(allow_inf_nan=False)
     interaction_id: str | None = None

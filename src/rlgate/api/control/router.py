@@ -5,6 +5,7 @@ route                      key          what
 =========================  ===========  ==========================================
 POST /grant_capacity       admin        admit one more session (granted mode)
 POST /rl/start_session     admin        new session + its API key
+POST /rl/start_sessions    admin        several sessions in one call (rlgate)
 POST /rl/end_session       session      end the session (idempotent)
 POST /rl/set_reward        session/adm  reward an interaction (default: last one)
 POST /export_trajectories  admin        samples of an ended session
@@ -37,12 +38,13 @@ from rlgate.api.control.protocol import (
     GrantCapacityRequest,
     SetRewardRequest,
     StartSessionRequest,
+    StartSessionsRequest,
     UpdateWeightsRequest,
 )
 from rlgate.core.gateway import Gateway
 from rlgate.engine.base import EngineError
 from rlgate.engine.capabilities import DescribesBackends
-from rlgate.errors import InvalidRequest, NotFound, PermissionDenied
+from rlgate.errors import GatewayError, InvalidRequest, NotFound, PermissionDenied, error_body
 
 log = logging.getLogger("rlgate.server")
 
@@ -70,6 +72,25 @@ async def grant_capacity(request: Request) -> dict[str, int]:
 @router.post("/rl/start_session", tags=["control"])
 async def start_session(request: Request, body: StartSessionRequest) -> dict[str, str]:
     require_admin(request)
+    return _start(request, body)
+
+@router.post("/rl/start_sessions", tags=["control"])
+async def start_sessions(request: Request, body: StartSessionsRequest) -> dict[str, Any]:
+    """Start each session as ``/rl/start_session`` would, in order (rlgate extension: a rollout
+    starts a step's episodes in one call). Each item is the session (``session_id``, ``api_key``)
+    or, where that one was refused, ``{"status": <HTTP status>, "error": {...}}`` as the single
+    call would have answered (e.g. 429 ``no_capacity`` past the granted capacity); the others
+    stand."""
+    require_admin(request)
+    out: list[dict[str, Any]] = []
+    for item in body.sessions:
+        try:
+            out.append(_start(request, item))
+        except GatewayError as exc:
+            out.append({"status": exc.status, **error_body(exc, "openai")})
+    return {"sessions": out}
+
+def _start(request: Request, body: StartSessionRequest) -> dict[str, str]:
     check_depth(body.metadata, gw(request).config.max_json_depth, "metadata", "metadata")
     for name in ("task_id", "api_key", "metadata"):
         if has_lone_surrogate(getattr(body, name)):  # could be neither stored nor sent back
