@@ -46,6 +46,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SIDES = ("rlgate", "rlgate-async", "trl")
+# not run by default: ``rlgate`` with the four control calls per episode of before issue 28's change
+# (start_session, end_session, set_reward, export each on its own; the runner's batch_starts and
+# fused_finish off), for a before/after in one run: --sides rlgate rlgate-4calls
+EXTRA_SIDES = ("rlgate-4calls",)
 
 
 def settings(model: str) -> dict[str, Any]:
@@ -106,7 +110,8 @@ def greedy_accuracy(model: Any, model_dir: Path, items: list[dict[str, Any]], ma
 
 
 def run_rlgate(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout: list[dict[str, Any]],
-               model: str, seed: int, steps: int, staleness: int, extra: dict[str, Any]) -> dict[str, Any]:
+               model: str, seed: int, steps: int, staleness: int, extra: dict[str, Any],
+               four_calls: bool = False) -> dict[str, Any]:
     import asyncio
 
     from rlgate.train.config import TrainConfig
@@ -134,6 +139,8 @@ def run_rlgate(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout:
 
     class Measure(Hooks):
         def on_start(self, run: Any) -> None:
+            if four_calls:
+                run.runner.batch_starts = run.runner.fused_finish = False
             got["before"] = greedy_accuracy(run.trainer.model, model_dir, heldout, s["max_tokens"])
             got["t0"], got["cpu0"] = time.perf_counter(), time.process_time()
 
@@ -252,7 +259,7 @@ def child(args: argparse.Namespace, out: Path) -> None:
         res = run_trl(out, model_dir, train, heldout, args.model, args.seed, args.steps)
     else:
         res = run_rlgate(out, model_dir, train, heldout, args.model, args.seed, args.steps,
-                         1 if args.child == "rlgate-async" else 0, extra)
+                         1 if args.child == "rlgate-async" else 0, extra, four_calls=args.child == "rlgate-4calls")
     print("ROW " + json.dumps(summarise(args.child, args.seed, res)), flush=True)
 
 
@@ -262,7 +269,7 @@ def main() -> None:
     ap.add_argument("--model", choices=("toy", "smollm2"), default="toy")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
+    ap.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES + EXTRA_SIDES)
     ap.add_argument("--extra", default=None, help="JSON merged into the rlgate TrainConfig (e.g. levers)")
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)

@@ -292,3 +292,27 @@ async def test_through_a_cluster_router_finish_is_routed_and_starts_are_not_batc
         assert all(e.samples[-1].reward == 1.0 for e in group.episodes)
     finally:
         d.stop()
+
+
+async def test_start_sessions_is_durable_or_starts_nothing(make_app, asgi_client):
+    store = GatedStore()
+    app = make_app(store=store, capacity_mode="granted")
+    sessions = app.state.gateway.sessions
+    async with asgi_client(app) as c:
+        store.gate.set()
+        assert (await c.post("/grant_capacity", json={"count": 2}, headers=admin_headers())).status_code == 200
+        store.gate.clear()
+        body = {"sessions": [{"task_id": "a"}, {"task_id": "b"}]}
+        answer = asyncio.ensure_future(c.post("/rl/start_sessions", json=body, headers=admin_headers()))
+        await eventually(lambda: store.waiting or answer.done(), timeout=60)
+        assert [store.saved[s] for s in store.waiting] == ["session a-0", "meta capacity", "session b-0",
+                                                          "meta capacity"]
+        assert not answer.done()  # held until both are durable
+        store.fail = True
+        store.gate.set()
+        r = await asyncio.wait_for(answer, 30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
+        assert not sessions.sessions and sessions.capacity == 2  # neither was started
+        store.fail = False
+        r = await c.post("/rl/start_sessions", json=body, headers=admin_headers())
+        assert r.status_code == 200 and [x["session_id"] for x in r.json()["sessions"]] == ["a-0", "b-0"]
