@@ -287,7 +287,7 @@ async def test_through_a_cluster_router_finish_is_routed_and_starts_are_not_batc
             group = await runner.group("g", {})
             await runner.aclose()
         assert [e.error for e in group.episodes] == [None] * 6
-        assert runner._direct is False and runner._starts.calls == 0
+        assert runner._starts.direct is False and runner._starts.calls == 0
         assert len({session_id_replica(e.session_id) for e in group.episodes}) > 1  # spread by the router
         assert all(e.samples[-1].reward == 1.0 for e in group.episodes)
     finally:
@@ -316,3 +316,22 @@ async def test_start_sessions_is_durable_or_starts_nothing(make_app, asgi_client
         store.fail = False
         r = await c.post("/rl/start_sessions", json=body, headers=admin_headers())
         assert r.status_code == 200 and [x["session_id"] for x in r.json()["sessions"]] == ["a-0", "b-0"]
+
+
+async def test_a_lone_start_is_a_plain_start_session(gateway):
+    class Agent:
+        async def run(self, data, *, base_url, api_key, http_client=None):
+            await two_turns(base_url, api_key)
+            return 1.0
+
+    async with GatewayClient(gateway, ADMIN_KEY) as client:
+        runner = RolloutRunner(client, Agent(), group_size=2)
+        (ep,) = (await runner.group("g", {}, admit=False)).episodes[:1]
+        assert ep.ok
+        # two episodes started together: one batch (and the one /health asking whether it is a router)
+        assert runner._starts.calls == 1 and runner._starts.direct is True
+        single = RolloutRunner(client, Agent(), group_size=1)  # e.g. verl's agent loop: a runner per episode
+        assert (await single.group("g", {})).episodes[0].ok
+        assert single._starts.calls == 0 and single._starts.direct is None  # no batch, no /health
+        await runner.aclose()
+        await single.aclose()

@@ -201,8 +201,6 @@ class RolloutRunner:
         # rollout/starts.py), unless the gateway is a cluster router; False: one call per episode
         self.batch_starts = True
         self._starts = BatchedStarts(client)
-        self._direct: bool | None = None  # the gateway is no cluster router (asked once)
-        self._batchable_lock = asyncio.Lock()
         self.counters = RolloutCounters()
         self._sem = asyncio.Semaphore(concurrency)
         self._concurrency = concurrency
@@ -245,7 +243,7 @@ class RolloutRunner:
         delay = 0.01
         while True:
             try:
-                if self.batch_starts and await self._batchable():
+                if self.batch_starts:
                     return await self._starts.start(task_id)
                 return await self.client.start_session(task_id)
             except GatewayClientError as exc:
@@ -256,14 +254,6 @@ class RolloutRunner:
                     raise
                 await asyncio.sleep(delay)  # no capacity yet: the trainer grants more per version
                 delay = min(delay * 2, 0.5)
-
-    async def _batchable(self) -> bool:
-        """Whether starts may go out batched: not through a cluster router (its /health lists
-        replicas), which places each ``start_session`` on a replica of its own choosing."""
-        async with self._batchable_lock:
-            if self._direct is None:
-                self._direct = "replicas" not in await self.client.health()
-        return self._direct
 
     async def _play(self, ep: Episode, session: Any) -> None:
         agent = self._agent_for(ep.group_id, ep.data)
