@@ -88,8 +88,11 @@ test: lint browser agent-clis models
 	$(NO_TORCH) $(BIN)/python -m pytest -q -m 'not torch' $(XDIST)
 	$(BIN)/python -m pytest -q -m torch $(XDIST)
 
+# The suite without the tests marked slow (each takes more than ~10 s: training runs, real CLIs, Ray clusters,
+# real models; tests/conftest.py and the README list them); the two halves as in `make test`. CI runs `make test`.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m 'not slow' $(XDIST)
+	$(NO_TORCH) $(BIN)/python -m pytest -q -m 'not torch and not slow' $(XDIST)
+	$(BIN)/python -m pytest -q -m 'torch and not slow' $(XDIST)
 
 fuzz: $(STAMP)
 	RLGATE_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest -q tests/test_fuzz.py
