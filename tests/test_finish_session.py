@@ -335,3 +335,28 @@ async def test_a_lone_start_is_a_plain_start_session(gateway):
         assert single._starts.calls == 0 and single._starts.direct is None  # no batch, no /health
         await runner.aclose()
         await single.aclose()
+
+
+async def test_a_start_cancelled_on_the_wire_leaves_no_session(make_app, tokenizer):
+    """An episode cancelled while its batch start is answered: its session is finished at once."""
+    from rlgate.rollout.starts import BatchedStarts
+
+    store = GatedStore()
+    store.gate.set()
+    app = make_app(store=store)
+    sessions = app.state.gateway.sessions
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as http:
+        client = GatewayClient("http://gateway", ADMIN_KEY, http_client=http)
+        starts = BatchedStarts(client)
+        store.gate.clear()  # the batch's answer waits until its sessions are durable
+        kept = asyncio.ensure_future(starts.start("kept"))
+        dropped = asyncio.ensure_future(starts.start("dropped"))
+        await eventually(lambda: len(store.waiting) == 2, timeout=60)  # both sessions written, unanswered
+        assert starts.calls == 1 and starts.direct is True
+        dropped.cancel()
+        store.gate.set()
+        assert (await kept).session_id == "kept-0"
+        with pytest.raises(asyncio.CancelledError):
+            await dropped
+        await eventually(lambda: list(sessions.sessions) == ["kept-0"], timeout=60)  # finished and dropped
+        await starts.aclose()
