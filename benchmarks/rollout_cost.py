@@ -12,7 +12,8 @@ turn, round by round (so the machine's load falls on all alike): ``new`` (the ru
 the round's sessions in one ``POST /rl/start_sessions`` and ends, rewards and exports each episode with
 one ``POST /rl/finish_session``: two control calls per episode, one of them shared; ``finish-only``
 starts each session with its own call; ``old`` makes the four calls of before (start, end,
-set_reward, export). Prints per variant the median round wall time, its CPU time
+set_reward, export); ``no-dedup`` is ``new`` with the local engine prefilling every row of a group
+(the same prompt 8 times) instead of once. Prints per variant the median round wall time, its CPU time
 (``time.process_time``, every thread of the process), the per-episode cost and the ratio to the
 first variant, with the load average.
 """
@@ -31,8 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import vs_trl  # noqa: E402 - the same prepared checkpoint and settings
 
-# name -> (runner.batch_starts, runner.fused_finish)
-VARIANTS = {"new": (True, True), "finish-only": (False, True), "old": (False, False)}
+# the engine's counters printed per round (forward passes and the rows they ran)
+ENGINE_COUNTERS = ("prefill_passes", "prefill_rows", "decode_steps", "decode_rows")
+# name -> (runner.batch_starts, runner.fused_finish, engine.dedup_prefill)
+VARIANTS = {"new": (True, True, True), "no-dedup": (True, True, False), "finish-only": (False, True, True),
+            "old": (False, False, True)}
 
 
 async def run(out: Path, rounds: int, variants: list[str]) -> None:
@@ -51,24 +55,27 @@ async def run(out: Path, rounds: int, variants: list[str]) -> None:
         "rollout": {"group_size": s["group_size"], "concurrency": n, "seed": 0},
     })
     gw = await open_gateway(cfg, model_dir, model_dir)
+    engine = gw.sync.engine
     runner = make_runner(cfg, gw.client, load_agent(cfg.agent, cfg.agent_kwargs), None)
     times: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     try:
         for r in range(rounds + 1):  # round 0 warms up (connections, caches) and is not counted
             for v in variants:
-                runner.batch_starts, runner.fused_finish = VARIANTS[v]
+                runner.batch_starts, runner.fused_finish, engine.dedup_prefill = VARIANTS[v]
                 items = [(f"r{r}{v}-{g}", train[(r * s["groups"] + g) % len(train)]) for g in range(s["groups"])]
                 await gw.client.grant_capacity(n)
+                before = engine.stats()
                 t, c = time.perf_counter(), time.process_time()
                 groups = [g async for g in runner.groups(items)]
                 wall, cpu = time.perf_counter() - t, time.process_time() - c
+                passes = {k: engine.stats()[k] - before[k] for k in ENGINE_COUNTERS}
                 failed = sum(not e.ok for g in groups for e in g.episodes)
                 if failed:
                     raise SystemExit(f"{v}: {failed} of {n} episodes failed: {runner.counters.first_failure}")
                 if r:
                     times[v].append((wall, cpu))
-                print(f"round {r} {v}: {wall:.3f} s wall, {cpu:.3f} s CPU (load {os.getloadavg()[0]:.2f})",
-                      flush=True)
+                print(f"round {r} {v}: {wall:.3f} s wall, {cpu:.3f} s CPU (load {os.getloadavg()[0]:.2f}); "
+                      "engine: " + ", ".join(f"{k} {n}" for k, n in passes.items()), flush=True)
     finally:
         await runner.aclose()
         await gw.close()

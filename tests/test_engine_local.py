@@ -609,3 +609,40 @@ async def test_one_session_cannot_take_the_whole_batch(tiny_model_dir: Path) -> 
     finally:
         await eng.close()
     assert done.index("b") == 0, done  # it got a row at once and finished first
+
+
+# -- identical prompts arriving together (GRPO groups) ---------------------------------------
+
+
+async def test_identical_prompts_arriving_together_are_prefilled_once(tiny_model_dir: Path, ref_model) -> None:
+    """A group of n samples of one prompt costs one prefill row; every row samples with its own seed,
+    and its tokens and logprobs are those of the same requests prefilled row by row."""
+    eng = LocalEngine(tiny_model_dir, device="cpu")
+    group = [req(PROMPTS[1], max_new_tokens=12, temperature=1.0, seed=s) for s in range(6)]
+    batch = [*group, req(PROMPTS[3], max_new_tokens=12, seed=99), req(PROMPTS[0], max_new_tokens=12, temperature=0)]
+
+    async def arrive_together() -> tuple[list[GenerateResult], dict[str, int]]:
+        before = eng.stats()
+        await eng.pause_generation()  # the requests queue; they are admitted in one step on continue
+        tasks = [asyncio.create_task(eng.generate(r)) for r in batch]
+        assert await wait_until(lambda: eng.stats()["waiting"] == len(batch))
+        await eng.continue_generation()
+        results = list(await asyncio.gather(*tasks))
+        after = eng.stats()
+        return results, {k: after[k] - before[k] for k in ("prefill_passes", "prefill_rows")}
+
+    try:
+        await eng.start()
+        shared, counts = await arrive_together()
+        assert counts == {"prefill_passes": 1, "prefill_rows": 3}  # 8 requests, 3 distinct prompts
+        eng.dedup_prefill = False
+        separate, counts = await arrive_together()
+        assert counts == {"prefill_passes": 1, "prefill_rows": 8}
+    finally:
+        await eng.close()
+    assert len({tuple(r.output_ids) for r in shared[:6]}) > 1  # the group's rows did not all sample alike
+    for r, prompt, one, other in zip(batch, [p.input_ids for p in batch], shared, separate, strict=True):
+        assert one.output_ids == other.output_ids
+        temperature = r.sampling.temperature or 1.0
+        expected = teacher_forced(ref_model, prompt, one.output_ids, temperature)
+        torch.testing.assert_close(torch.tensor(one.output_logprobs), expected, atol=1e-4, rtol=0)

@@ -150,6 +150,10 @@ class LocalEngine(StreamingEngineMixin):
         self._batch: Batch | None = None
         self._decode_steps = 0  # batched decoding steps run
         self._decode_rows = 0  # rows decoded, summed over steps (/ steps = mean batch size)
+        self._prefill_passes = 0  # prefill forward passes run (a batch of joiners is one pass)
+        self._prefill_rows = 0  # distinct sequences prefilled, summed over passes
+        # Prefill identical sequences arriving together once (GRPO groups share their prompt).
+        self.dedup_prefill = True
         # Called (worker thread) with the seconds a request waited for a batch row; the gateway
         # wires its queue-time histogram here. Must be cheap and thread-safe.
         self.on_queue_wait: Callable[[float], None] | None = None
@@ -188,7 +192,8 @@ class LocalEngine(StreamingEngineMixin):
         batch = self._batch
         return {"running": len(batch) if batch is not None else 0, "waiting": len(self._pending),
                 "max_batch_size": self._max_batch_size, "decode_steps": self._decode_steps,
-                "decode_rows": self._decode_rows}
+                "decode_rows": self._decode_rows, "prefill_passes": self._prefill_passes,
+                "prefill_rows": self._prefill_rows}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -406,18 +411,30 @@ class LocalEngine(StreamingEngineMixin):
                 self._drop_done()
 
     def _prefill(self, reqs: list[RequestState]) -> tuple[Batch, torch.Tensor]:
-        """Run the sequences of ``reqs`` (left padded) through the model; return the batch and last logits."""
-        seqs = [r.sequence for r in reqs]  # prompt, + the tokens generated so far for a retracted row
-        length = max(len(q) for q in seqs)
-        ids = torch.zeros(len(reqs), length, dtype=torch.long)
-        mask = torch.zeros(len(reqs), length, dtype=torch.long)
-        for i, q in enumerate(seqs):
+        """Run the sequences of ``reqs`` (left padded) through the model; return the batch and last logits.
+
+        Identical sequences (a GRPO group: the same prompt sampled n times) are run once and their
+        cache rows copied, when ``dedup_prefill`` is on."""
+        seqs = [tuple(r.sequence) for r in reqs]  # prompt, + the tokens generated so far for a retracted row
+        where: dict[tuple[int, ...], int] = {}
+        rows = [where.setdefault(q, len(where)) for q in seqs] if self.dedup_prefill else list(range(len(seqs)))
+        unique = list(where) if self.dedup_prefill else seqs
+        length = max(len(q) for q in unique)
+        ids = torch.zeros(len(unique), length, dtype=torch.long)
+        mask = torch.zeros(len(unique), length, dtype=torch.long)
+        for i, q in enumerate(unique):
             ids[i, length - len(q) :] = torch.tensor(q)
             mask[i, length - len(q) :] = 1
         ids, mask = ids.to(self._device), mask.to(self._device)
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)
         cache = PaddedCache(self._num_layers)
+        self._prefill_passes += 1
+        self._prefill_rows += len(unique)
         logits = self._forward(ids, mask, positions, cache)
+        if len(unique) < len(reqs):  # one cache row (a copy) and one logits row per request
+            idx = torch.tensor(rows, dtype=torch.long)
+            cache.select_rows(idx.to(self._device))
+            mask, positions, logits = mask[idx.to(mask.device)], positions[idx.to(mask.device)], logits[idx]
         batch = Batch(reqs, cache, mask, positions[:, -1] + 1, [])
         return batch, logits
 
