@@ -13,9 +13,10 @@ the round's sessions in one ``POST /rl/start_sessions`` and ends, rewards and ex
 one ``POST /rl/finish_session``: two control calls per episode, one of them shared; ``finish-only``
 starts each session with its own call; ``old`` makes the four calls of before (start, end,
 set_reward, export); ``no-dedup`` is ``new`` with the local engine prefilling every row of a group
-(the same prompt 8 times) instead of once. Prints per variant the median round wall time, its CPU time
-(``time.process_time``, every thread of the process), the per-episode cost and the ratio to the
-first variant, with the load average.
+(the same prompt 8 times) instead of once; ``torch-threads`` is ``new`` with the engine's forward passes
+on all of torch's threads (as before ``open_gateway`` left one core to the Python threads). Prints per
+variant the median round wall time, its CPU time (``time.process_time``, every thread of the process),
+the per-episode cost and the ratio to the first variant, with the load average.
 """
 
 from __future__ import annotations
@@ -30,18 +31,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch  # noqa: E402
+
 import vs_trl  # noqa: E402 - the same prepared checkpoint and settings
 
 # the engine's counters printed per round (forward passes and the rows they ran)
 ENGINE_COUNTERS = ("prefill_passes", "prefill_rows", "decode_steps", "decode_rows")
-# name -> (runner.batch_starts, runner.fused_finish, engine.dedup_prefill)
-VARIANTS = {"new": (True, True, True), "no-dedup": (True, True, False), "finish-only": (False, True, True),
-            "old": (False, False, True)}
+# name -> (runner.batch_starts, runner.fused_finish, engine.dedup_prefill, engine threads: None = open_gateway's)
+VARIANTS: dict[str, tuple[bool, bool, bool, int | None]] = {
+    "new": (True, True, True, None), "no-dedup": (True, True, False, None),
+    "torch-threads": (True, True, True, torch.get_num_threads()), "finish-only": (False, True, True, None),
+    "old": (False, False, True, None)}
 
 
 async def run(out: Path, rounds: int, variants: list[str]) -> None:
     from rlgate.train.config import TrainConfig
-    from rlgate.train.gateway import open_gateway
+    from rlgate.train.gateway import engine_threads, open_gateway
     from rlgate.train.loading import load_agent
     from rlgate.train.run import make_runner
 
@@ -56,12 +61,14 @@ async def run(out: Path, rounds: int, variants: list[str]) -> None:
     })
     gw = await open_gateway(cfg, model_dir, model_dir)
     engine = gw.sync.engine
+    default_threads = engine_threads(None) or torch.get_num_threads()
     runner = make_runner(cfg, gw.client, load_agent(cfg.agent, cfg.agent_kwargs), None)
     times: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     try:
         for r in range(rounds + 1):  # round 0 warms up (connections, caches) and is not counted
             for v in variants:
-                runner.batch_starts, runner.fused_finish, engine.dedup_prefill = VARIANTS[v]
+                runner.batch_starts, runner.fused_finish, engine.dedup_prefill, threads = VARIANTS[v]
+                await engine.set_threads(threads or default_threads)
                 items = [(f"r{r}{v}-{g}", train[(r * s["groups"] + g) % len(train)]) for g in range(s["groups"])]
                 await gw.client.grant_capacity(n)
                 before = engine.stats()

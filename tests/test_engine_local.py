@@ -646,3 +646,24 @@ async def test_identical_prompts_arriving_together_are_prefilled_once(tiny_model
         temperature = r.sampling.temperature or 1.0
         expected = teacher_forced(ref_model, prompt, one.output_ids, temperature)
         torch.testing.assert_close(torch.tensor(one.output_logprobs), expected, atol=1e-4, rtol=0)
+
+
+async def test_threads_sets_the_workers_torch_threads_only(tiny_model_dir: Path, engine: LocalEngine) -> None:
+    ours = torch.get_num_threads()
+    if ours < 2:
+        pytest.skip("torch runs one thread here: nothing to tell apart")
+    eng = LocalEngine(tiny_model_dir, device="cpu", threads=1)
+    try:
+        await eng.start()
+        assert await eng._run_command(torch.get_num_threads) == 1  # runs on the worker thread
+        assert torch.get_num_threads() == ours
+        assert await asyncio.to_thread(torch.get_num_threads) == ours  # another thread
+        r = req(PROMPTS[3], max_new_tokens=16, temperature=0)
+        one, default = await asyncio.gather(eng.generate(r), engine.generate(r))
+    finally:
+        await eng.close()
+    assert one.output_ids == default.output_ids
+    torch.testing.assert_close(torch.tensor(one.output_logprobs), torch.tensor(default.output_logprobs),
+                               atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="threads"):
+        LocalEngine(tiny_model_dir, device="cpu", threads=0)

@@ -100,13 +100,22 @@ class LocalEngine(StreamingEngineMixin):
         max_context_length: int | None = None,
         max_rows_per_session: int | None = None,
         seed: int | None = None,
+        threads: int | None = None,
     ) -> None:
         """``seed``: a request without its own seed gets one made from this, its session and its prompt
-        (never from arrival order), so a seeded run samples the same tokens whatever the concurrency."""
+        (never from arrival order), so a seeded run samples the same tokens whatever the concurrency.
+
+        ``threads``: torch intra-op threads of the engine's forward passes (its worker thread only; the
+        process's other threads keep theirs). ``None`` keeps torch's setting. An engine sharing a few
+        cores with busy Python threads (an in-process gateway's server and agents) loses most of its
+        time to OpenMP barriers when a core it waits for is taken; one thread fewer avoids that."""
         if (model_path is None) == (model is None):
             raise ValueError("pass exactly one of model_path or model")
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
+        if threads is not None and threads < 1:
+            raise ValueError("threads must be >= 1")
+        self._threads = threads
         if model is None:
             target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             assert model_path is not None
@@ -146,6 +155,7 @@ class LocalEngine(StreamingEngineMixin):
         self._stopping = False
         self._paused = False  # pause_generation: no decoding step until continue_generation
         self._thread: threading.Thread | None = None
+        self._thread_ready = threading.Event()  # the worker has set its torch threads (``threads``)
         # Worker-thread state.
         self._batch: Batch | None = None
         self._decode_steps = 0  # batched decoding steps run
@@ -203,7 +213,18 @@ class LocalEngine(StreamingEngineMixin):
                 return
             self._stopping = False
             self._thread = threading.Thread(target=self._worker, name="rlgate-local-engine", daemon=True)
+            if self._threads is None:
+                self._thread.start()
+                return
+            # torch.set_num_threads sets the calling thread's OpenMP/MKL count *and* the default of the
+            # threads that start using torch later: the worker sets its own, then this thread puts the
+            # default back (its own count is unchanged: it is the value read here).
+            ours = torch.get_num_threads()
+            ready = threading.Event()
+            self._thread_ready = ready
             self._thread.start()
+        await asyncio.to_thread(ready.wait)
+        torch.set_num_threads(ours)
 
     def _default_seed(self, request: GenerateRequest) -> int:
         if self._run_seed is None:
@@ -324,6 +345,20 @@ class LocalEngine(StreamingEngineMixin):
             self._paused = False
             self._cv.notify_all()
 
+    async def set_threads(self, threads: int) -> None:
+        """Change the worker's torch threads (see ``threads``) between two steps."""
+        if threads < 1:
+            raise ValueError("threads must be >= 1")
+        ours = torch.get_num_threads()
+
+        def apply() -> int:
+            torch.set_num_threads(threads)
+            return threads
+
+        await self._run_command(apply)
+        torch.set_num_threads(ours)  # the default of threads yet to use torch, as in start()
+        self._threads = threads
+
     def restore_version(self, version: int) -> None:
         """Declare the weights loaded now to be ``version`` (a replica catching up after a restart)."""
         self._version = version
@@ -342,6 +377,10 @@ class LocalEngine(StreamingEngineMixin):
     # -- worker thread ---------------------------------------------------------------------
 
     def _worker(self) -> None:
+        if self._threads is not None:
+            torch.set_num_threads(self._threads)
+            torch.get_num_threads()  # initialises this thread's count now, before the default is put back
+            self._thread_ready.set()
         while True:
             with self._cv:
                 while not (self._stopping or self._commands
