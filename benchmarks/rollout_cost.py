@@ -16,7 +16,8 @@ set_reward, export); ``no-dedup`` is ``new`` with the local engine prefilling ev
 (the same prompt 8 times) instead of once; ``torch-threads`` is ``new`` with the engine's forward passes
 on all of torch's threads (as before ``open_gateway`` left one core to the Python threads). Prints per
 variant the median round wall time, its CPU time (``time.process_time``, every thread of the process),
-the per-episode cost and the ratio to the first variant, with the load average.
+the per-episode cost and the ratio to the first variant, with the load average; each round's line
+also gives the engine's forward passes (prefill passes and rows, decoding steps and rows).
 """
 
 from __future__ import annotations
