@@ -22,8 +22,8 @@ from helpers import ADMIN_KEY
 
 EXAMPLES = int(os.environ.get("RLGATE_FUZZ_EXAMPLES", "8"))
 
-ADMIN_ROUTES = {"/grant_capacity", "/rl/start_session", "/export_trajectories", "/rl/update_weights",
-                "/rl/metrics", "/rl/collect", "/metrics"}
+ADMIN_ROUTES = {"/grant_capacity", "/rl/start_session", "/rl/start_sessions", "/export_trajectories",
+                "/rl/finish_session", "/rl/update_weights", "/rl/metrics", "/rl/collect", "/metrics"}
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,9 @@ def fuzz_schema(fuzz_app):
 
 # Every operation of the schema (test_every_operation_is_fuzzed keeps this list complete).
 OPERATIONS = [
-    ("POST", "/grant_capacity"), ("POST", "/rl/start_session"), ("POST", "/rl/end_session"),
-    ("POST", "/rl/set_reward"), ("POST", "/export_trajectories"), ("POST", "/rl/collect"),
+    ("POST", "/grant_capacity"), ("POST", "/rl/start_session"), ("POST", "/rl/start_sessions"),
+    ("POST", "/rl/end_session"), ("POST", "/rl/set_reward"), ("POST", "/export_trajectories"),
+    ("POST", "/rl/finish_session"), ("POST", "/rl/collect"),
     ("POST", "/rl/update_weights"),
     ("GET", "/rl/metrics"), ("GET", "/metrics"), ("GET", "/health"), ("GET", "/v1/models"), ("GET", "/models"),
     ("POST", "/chat/completions"), ("POST", "/v1/chat/completions"), ("POST", "/responses"),
