@@ -121,3 +121,45 @@ def test_the_demo_end_to_end_with_tiny_settings(tmp_path):
 
     samples = read_samples(tmp_path / "trajectories.parquet")
     assert {s.step for s in samples} == {1, 2} and all(s.group_id for s in samples)
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.timeout(1800)
+def test_ctrl_c_in_a_terminal_stops_the_demo_with_one_line_and_its_gateway(tmp_path):
+    """A terminal's Ctrl+C reaches the whole foreground process group. It used to reach the demo's
+    gateway subprocess too, so the episodes in flight each failed with a ReadError (one printed with its
+    traceback) before the demo's own KeyboardInterrupt traceback. Now: one line, exit 130, the gateway
+    stopped by the demo (its port closed), nothing left running."""
+    import os
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "demo", "--model", "tiny", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    url = None
+    deadline = time.monotonic() + 1500  # the tiny model's warm start first
+    while url is None:
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, "".join(lines)
+        assert time.monotonic() < deadline, "".join(lines)
+        lines.append(line)
+        if m := re.search(r"gateway on http://127\.0\.0\.1:(\d+)", line):
+            url = int(m.group(1))
+    # the "before" evaluation's episodes are in flight now; Ctrl+C as a terminal sends it: to the group
+    os.killpg(proc.pid, signal.SIGINT)
+    rest, _ = proc.communicate(timeout=300)
+    out = "".join(lines) + rest
+    assert proc.returncode == 130, out
+    assert "rlgate demo: stopped (Ctrl+C)" in out
+    for noise in ("Traceback", "ReadError", "KeyboardInterrupt"):
+        assert noise not in out, out
+    with socket.socket() as s:  # the demo stopped its gateway before exiting
+        assert s.connect_ex(("127.0.0.1", url)) != 0
+    assert "Traceback" not in (tmp_path / "gateway.log").read_text()

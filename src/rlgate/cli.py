@@ -403,6 +403,16 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """Ctrl+C stops a demo with one line and exit code 130 (the gateway it started is stopped first)."""
+    try:
+        return _run_demo(args)
+    except KeyboardInterrupt:
+        print(f"rlgate demo: stopped (Ctrl+C); what is cached in {args.out} (model, warm start) is kept",
+              file=sys.stderr, flush=True)
+        return 130
+
+
+def _run_demo(args: argparse.Namespace) -> int:
     _offline_env()
     if args.scripted:
         from rlgate.demo.scripted import run_scripted_demo

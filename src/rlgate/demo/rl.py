@@ -105,6 +105,10 @@ def _start_gateway(model_dir: Path, admin_key: str, log_path: Path, port: int | 
          "--model-name", "tiny-policy", "--store", ":memory:", *extra],
         env={**os.environ, "RLGATE_ADMIN_KEY": admin_key},  # not on the command line (ps shows argv)
         stdout=log_file, stderr=subprocess.STDOUT,
+        # its own session: a terminal's Ctrl+C (SIGINT to the whole foreground group) reaches the demo only,
+        # which stops the gateway itself (stop_gateway, in its `finally`) after the episodes in flight are
+        # cancelled; otherwise they fail first, each with a ReadError from a gateway that is already gone
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 600  # a loaded machine takes minutes to import torch; an early exit fails at once
