@@ -403,44 +403,10 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Ctrl+C stops a demo with one line and exit code 130 (the gateway it started is stopped first)."""
-    try:
-        return _run_demo(args)
-    except KeyboardInterrupt:
-        print(f"rlgate demo: stopped (Ctrl+C); what is cached in {args.out} (model, warm start) is kept",
-              file=sys.stderr, flush=True)
-        return 130
+    from rlgate.demo.command import run_demo_command
 
-
-def _run_demo(args: argparse.Namespace) -> int:
     _offline_env()
-    if args.scripted:
-        from rlgate.demo.scripted import run_scripted_demo
-
-        return run_scripted_demo(Path(args.out), seed=args.seed)
-    if args.device != "cpu":
-        from rlgate.demo.device import check_device
-
-        check_device(args.device)  # refused in one line before anything loads
-    if args.model != "tiny":
-        if args.metrics_port is not None or args.pushgateway or args.gateway_metrics_port is not None:
-            raise SystemExit("rlgate demo: the metrics flags run on the tiny model (--model tiny)")
-        if args.task == "tools":
-            from rlgate.demo.real_tools import run_real_tools_demo
-
-            return run_real_tools_demo(Path(args.out), model=args.model, seed=args.seed, steps=args.steps,
-                                       port=args.port, device=args.device)
-        from rlgate.demo.real import run_real_demo
-
-        return run_real_demo(Path(args.out), model=args.model, seed=args.seed, steps=args.steps, port=args.port,
-                             device=args.device)
-    if args.device != "cpu":
-        raise SystemExit("rlgate demo: --device runs a real model (the tiny model trains on the CPU)")
-    from rlgate.demo.rl import run_demo
-
-    return run_demo(Path(args.out), task=args.task, seed=args.seed, steps=args.steps, port=args.port,
-                    metrics_port=args.metrics_port, pushgateway=args.pushgateway,
-                    gateway_metrics_port=args.gateway_metrics_port)
+    return run_demo_command(args)
 
 
 def _train_logging() -> None:
