@@ -139,22 +139,34 @@ def test_ctrl_c_in_a_terminal_stops_the_demo_with_one_line_and_its_gateway(tmp_p
     import sys
     import time
 
+    # SIGINT as a terminal delivers it: pytest-xdist's workers ignore SIGINT, and an ignored signal is
+    # inherited across exec (Python then installs no KeyboardInterrupt handler), so restore the default
     proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "demo", "--model", "tiny", "--out", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: list[str] = []
     assert proc.stdout is not None
     url = None
-    deadline = time.monotonic() + 1500  # the tiny model's warm start first
-    while url is None:
-        line = proc.stdout.readline()
-        assert line or proc.poll() is None, "".join(lines)
-        assert time.monotonic() < deadline, "".join(lines)
-        lines.append(line)
-        if m := re.search(r"gateway on http://127\.0\.0\.1:(\d+)", line):
-            url = int(m.group(1))
-    # the "before" evaluation's episodes are in flight now; Ctrl+C as a terminal sends it: to the group
-    os.killpg(proc.pid, signal.SIGINT)
-    rest, _ = proc.communicate(timeout=300)
+    try:
+        deadline = time.monotonic() + 1500  # the tiny model's warm start first
+        while url is None:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "".join(lines)
+            lines.append(line)
+            if m := re.search(r"gateway on http://127\.0\.0\.1:(\d+)", line):
+                url = int(m.group(1))
+        # Ctrl+C once the "before" evaluation's episodes are in flight (the demo's event loop running, its
+        # SDK clients connected to the gateway); as a terminal sends it: to the whole group
+        while _established(url) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:  # a failed run: SIGTERM, on which the demo stops its gateway too
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.communicate(timeout=120)
     out = "".join(lines) + rest
     assert proc.returncode == 130, out
     assert "rlgate demo: stopped (Ctrl+C)" in out
@@ -163,3 +175,10 @@ def test_ctrl_c_in_a_terminal_stops_the_demo_with_one_line_and_its_gateway(tmp_p
     with socket.socket() as s:  # the demo stopped its gateway before exiting
         assert s.connect_ex(("127.0.0.1", url)) != 0
     assert "Traceback" not in (tmp_path / "gateway.log").read_text()
+
+
+def _established(port: int) -> int:
+    """Open TCP connections to 127.0.0.1:``port`` (Linux: /proc/net/tcp; state 01 = ESTABLISHED)."""
+    with open("/proc/net/tcp") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return sum(1 for r in rows if r[3] == "01" and int(r[1].split(":")[1], 16) == port)
