@@ -112,16 +112,19 @@ def _start_gateway(model_dir: Path, admin_key: str, log_path: Path, port: int | 
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 600  # a loaded machine takes minutes to import torch; an early exit fails at once
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the gateway exited early; see {log_path}")
-        try:
-            if httpx.get(url + "/health", timeout=0.5).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise TimeoutError(f"the gateway did not start; see {log_path}")
+    try:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the gateway exited early; see {log_path}")
+            try:
+                if httpx.get(url + "/health", timeout=0.5).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise TimeoutError(f"the gateway did not start; see {log_path}")
+    except BaseException:  # Ctrl+C while it starts too: it runs in its own session, so nothing else stops it
+        stop_gateway(proc)
+        raise
 
 
 def stop_gateway(proc: subprocess.Popen) -> None:
