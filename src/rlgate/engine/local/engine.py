@@ -471,9 +471,9 @@ class LocalEngine(StreamingEngineMixin):
         self._prefill_rows += len(unique)
         logits = self._forward(ids, mask, positions, cache)
         if len(unique) < len(reqs):  # one cache row (a copy) and one logits row per request
-            idx = torch.tensor(rows, dtype=torch.long)
-            cache.select_rows(idx.to(self._device))
-            mask, positions, logits = mask[idx.to(mask.device)], positions[idx.to(mask.device)], logits[idx]
+            idx = torch.tensor(rows, dtype=torch.long, device=self._device)
+            cache.select_rows(idx)
+            mask, positions, logits = mask[idx], positions[idx], logits[idx.to(logits.device)]
         batch = Batch(reqs, cache, mask, positions[:, -1] + 1, [])
         return batch, logits
 
