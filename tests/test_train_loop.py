@@ -238,3 +238,43 @@ async def test_loop_raises_instead_of_hanging_when_prompts_run_out(tiny_model_di
             with pytest.raises(RuntimeError, match="ran out"):
                 await asyncio.wait_for(grpo_loop(trainer=trainer, runner=runner, sync=ColocatedSync(engine),
                                                  prompts=one_prompt, steps=1), 600)  # it must raise, not hang
+
+
+async def test_a_step_that_finishes_as_the_loop_is_cancelled_is_counted_and_handed_back(tiny_model_dir, make_app):
+    """Ctrl-C / SIGTERM during a training step: the step finishes, is counted in ``state.step`` and
+    ``history`` (the checkpoint saved then holds it), and comes back as ``state.unreported`` for the
+    caller to log, since ``on_step`` never saw it (CI once found the checkpoint a step ahead of
+    metrics.jsonl)."""
+    import threading
+
+    from rlgate.engine.local import LocalEngine
+
+    engine = LocalEngine(tiny_model_dir)
+    trainer = GRPOTrainer(_fresh_model(tiny_model_dir), GRPOConfig(lr=1e-4, groups_per_step=1, device="cpu"))
+    original_step = trainer.step
+    in_step, release = threading.Event(), threading.Event()
+
+    def blocking_step(samples, group_ids, version):
+        in_step.set()
+        assert release.wait(600)
+        return original_step(samples, group_ids, version)
+
+    trainer.step = blocking_step
+    seen: list[int] = []
+    state = LoopState(version=engine.version)
+    with ServerThread(make_app(engine, capacity_mode="granted")) as url:
+        async with GatewayClient(url, ADMIN_KEY) as client:
+            runner = RolloutRunner(client, LengthAgent(), group_size=2)
+            loop = asyncio.create_task(grpo_loop(trainer=trainer, runner=runner, sync=ColocatedSync(engine),
+                                                 prompts=prompts(), steps=5, state=state,
+                                                 on_step=lambda st, _r: seen.append(st.step)))
+            assert await asyncio.to_thread(in_step.wait, 600)
+            loop.cancel()
+            await asyncio.sleep(0)  # the cancellation reaches the loop while the step still runs
+            release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await loop
+    assert seen == [] and state.step == 1
+    assert [h["step"] for h in state.history] == [1.0]
+    assert state.unreported is not None and state.unreported.metrics is state.history[-1]
+    assert len(state.unreported.samples) == 2 and {s.step for s in state.unreported.samples} == {1}

@@ -261,6 +261,9 @@ class LoopState:
     step: int = 0
     version: int = 0  # weight version the gateway serves
     history: list[dict[str, float]] = field(default_factory=list)
+    # a step that finished while the loop was being cancelled (Ctrl-C, SIGTERM): counted in ``step`` and
+    # ``history``, but ``on_step`` never saw it; the caller logs it (not saved in checkpoints)
+    unreported: StepResult | None = None
 
 
 def filter_group(group: Group, version: int, max_staleness: int, stats: StepStats
@@ -328,16 +331,27 @@ class StepResult:
     samples: list[Sample]  # the samples trained on, stamped with group_id, episode and step
 
 
+class _CancelledAfterStep(Exception):
+    """The loop was cancelled while a training step ran; the step finished (its ``metrics``)."""
+
+    def __init__(self, metrics: dict[str, float]) -> None:
+        super().__init__("cancelled after a finished training step")
+        self.metrics = metrics
+
+
 async def _train_step(loop: asyncio.AbstractEventLoop, pool: concurrent.futures.Executor, trainer: GRPOTrainer,
                       samples: list[Sample], group_ids: list[str], version: int) -> dict[str, float]:
     """``trainer.step`` on the training thread. Cancelled meanwhile (Ctrl-C), it waits for the step
-    to finish before re-raising: the weights then hold an applied update, which the caller counts."""
+    to finish: the weights then hold an applied update, which ``_CancelledAfterStep`` carries to the
+    caller (a step that failed re-raises the cancellation)."""
     future = loop.run_in_executor(pool, trainer.step, samples, group_ids, version)
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
         await asyncio.wait([future])
-        raise
+        if future.cancelled() or future.exception() is not None:
+            raise
+        raise _CancelledAfterStep(future.result()) from None
 
 
 async def grpo_loop(
@@ -413,31 +427,27 @@ async def grpo_loop(
             t1 = time.perf_counter()
             try:
                 metrics = await _train_step(loop, train_thread, trainer, samples, group_ids, state.version)
-            except asyncio.CancelledError:
-                state.step += 1  # the update was applied; the weights are those of this step
-                raise
+            except _CancelledAfterStep as done:  # the update was applied: the weights are those of this step
+                state.step += 1
+                _finish_metrics(done.metrics, state, stats, t0, t_rollout, time.perf_counter() - t1, 0.0)
+                state.history.append(done.metrics)
+                state.unreported = StepResult(done.metrics, samples)
+                raise asyncio.CancelledError from None
             t_train = time.perf_counter() - t1
+            state.step += 1  # the weights are those of this step from here on
             # ------------------------------------------------------------ 5. weight sync + admission
             t2 = time.perf_counter()
-            state.version = await sync.push(trainer.model)
-            t_sync = time.perf_counter() - t2
-            await runner.client.grant_capacity(episodes_per_step)
-            await allowance.grant(episodes_per_step)
-            state.step += 1
-            rewards = stats.episode_rewards
-            metrics.update({
-                "step": float(state.step),
-                "version": float(state.version),
-                "reward": sum(rewards) / max(len(rewards), 1),
-                "episodes": float(len(rewards)),
-                "failed_episodes": float(stats.failed_episodes),
-                "dropped_stale_samples": float(stats.dropped_stale),
-                "dropped_groups": float(stats.dropped_groups),
-                "unrewarded_samples": float(stats.unrewarded),
-                "generated_tokens": float(stats.generated_tokens),
-                "rollout_s": t_rollout, "train_s": t_train, "sync_s": t_sync,
-                "step_s": time.perf_counter() - t0,
-            })
+            try:
+                state.version = await sync.push(trainer.model)
+                t_sync = time.perf_counter() - t2
+                await runner.client.grant_capacity(episodes_per_step)
+                await allowance.grant(episodes_per_step)
+            except asyncio.CancelledError:  # stopped after the update: the step is kept, as above
+                _finish_metrics(metrics, state, stats, t0, t_rollout, t_train, time.perf_counter() - t2)
+                state.history.append(metrics)
+                state.unreported = StepResult(metrics, samples)
+                raise
+            _finish_metrics(metrics, state, stats, t0, t_rollout, t_train, t_sync)
             state.history.append(metrics)
             if on_step is not None:
                 out = on_step(state, StepResult(metrics, samples))
@@ -448,3 +458,22 @@ async def grpo_loop(
         await asyncio.gather(producer, return_exceptions=True)
         train_thread.shutdown(wait=True)
     return state
+
+
+def _finish_metrics(metrics: dict[str, float], state: LoopState, stats: StepStats, t0: float, t_rollout: float,
+                    t_train: float, t_sync: float) -> None:
+    """Add the loop's own numbers to a finished step's ``metrics`` (the trainer's)."""
+    rewards = stats.episode_rewards
+    metrics.update({
+        "step": float(state.step),
+        "version": float(state.version),
+        "reward": sum(rewards) / max(len(rewards), 1),
+        "episodes": float(len(rewards)),
+        "failed_episodes": float(stats.failed_episodes),
+        "dropped_stale_samples": float(stats.dropped_stale),
+        "dropped_groups": float(stats.dropped_groups),
+        "unrewarded_samples": float(stats.unrewarded),
+        "generated_tokens": float(stats.generated_tokens),
+        "rollout_s": t_rollout, "train_s": t_train, "sync_s": t_sync,
+        "step_s": time.perf_counter() - t0,
+    })

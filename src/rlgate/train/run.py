@@ -314,17 +314,20 @@ async def _run_training(cfg: TrainConfig, hooks: Hooks | None, *, stdout: bool |
         # -------------------------------------------------------------- 4. loop
         first_eval = (await run.evaluate()).reward_mean if run.eval_data else None
 
-        async def on_step(st: LoopState, result: StepResult) -> None:
-            # a Ctrl-C (or Interrupt) whose cancellation something swallowed: stop here all the same
-            if ctrl_c.seen or (interrupt is not None and interrupt.seen):
-                raise asyncio.CancelledError
-            trackers.log(st.step, result.metrics)
-            trackers.log_samples(st.step, result.samples)
+        def record(step: int, result: StepResult) -> None:  # metrics.jsonl, trackers, trajectories
+            trackers.log(step, result.metrics)
+            trackers.log_samples(step, result.samples)
             if cfg.tracking.trajectories:
                 from rlgate.trajectory.export import write_parquet
 
                 (out / "trajectories").mkdir(exist_ok=True)
-                write_parquet(result.samples, out / "trajectories" / f"step-{st.step:06d}.parquet")
+                write_parquet(result.samples, out / "trajectories" / f"step-{step:06d}.parquet")
+
+        async def on_step(st: LoopState, result: StepResult) -> None:
+            # a Ctrl-C (or Interrupt) whose cancellation something swallowed: stop here all the same
+            if ctrl_c.seen or (interrupt is not None and interrupt.seen):
+                raise asyncio.CancelledError
+            record(st.step, result)
             if cfg.eval_every and st.step % cfg.eval_every == 0 and st.step < cfg.steps and run.eval_data:
                 await run.evaluate()
             if st.step % cfg.checkpoint_every == 0:
@@ -340,6 +343,9 @@ async def _run_training(cfg: TrainConfig, hooks: Hooks | None, *, stdout: bool |
                             prompts=_prompts(prep.data, cfg.seed, state), steps=remaining, state=state,
                             on_step=on_step)
         except asyncio.CancelledError:  # Ctrl-C or SIGTERM: keep what was learned
+            if state.unreported is not None:  # a step that finished as the stop came: logged like the others
+                record(state.step, state.unreported)
+                state.unreported = None
             message = _save_on_interrupt(run, "terminated (SIGTERM)" if ctrl_c.terminated else "interrupted")
             ctrl_c.reported = True
             if interrupt is not None:
