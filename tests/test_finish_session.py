@@ -155,6 +155,12 @@ async def test_requests_in_flight_are_refused_or_waited_for(make_app, tokenizer,
         assert [(x["id"], x["reward"]) for x in r.json()["interactions"]] == [(turn.result().json()["id"], 1.0)]
 
 
+def exported_samples(app) -> float:
+    registry = app.state.gateway.sessions.gateway_metrics.registry
+    return sum(s.value for m in registry.collect() if m.name == "rlgate_exported_samples"
+               for s in m.samples if s.name == "rlgate_exported_samples_total")
+
+
 async def test_the_answer_waits_until_durable_and_a_failed_write_undoes_it(make_app, asgi_client):
     store = GatedStore()
     store.gate.set()
@@ -166,10 +172,11 @@ async def test_the_answer_waits_until_durable_and_a_failed_write_undoes_it(make_
                          json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
         assert r.status_code == 200
         iid = r.json()["id"]
-        # a failed write: 503, and the end, the reward and the export are undone
+        # a failed write: 503, and the end, the reward and the export are undone (and not counted)
         store.fail = True
         r = await c.post("/rl/finish_session", json={"session_id": sid, "reward": 3.0}, headers=admin_headers())
         assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
+        assert sessions.metrics["sessions_exported"] == 0 and exported_samples(app) == 0
         session = sessions.sessions[sid]
         assert session.status == "active" and session.exported_at is None
         assert session.interactions[iid].reward is None
@@ -187,6 +194,7 @@ async def test_the_answer_waits_until_durable_and_a_failed_write_undoes_it(make_
         store.gate.set()
         r = await asyncio.wait_for(answer, 30)
         assert r.status_code == 200 and r.json()["interactions"][-1]["reward"] == 3.0
+        assert sessions.metrics["sessions_exported"] == 1 and exported_samples(app) == 2
         assert sid not in sessions.sessions  # dropped once the answer was sent
 
 

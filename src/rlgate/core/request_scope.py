@@ -10,6 +10,8 @@ The ASGI layer opens a :class:`RequestScope` per request (:func:`begin_request` 
   event) reports a change, :meth:`RequestScope.wait_durable` awaits exactly the writes the
   request made so far (``Store.wait_durable``);
 * :func:`after_response`: run once the response was sent (outside a request: at once);
+* :func:`on_durable`: run once the request's writes are durable, before its answer is sent
+  (bookkeeping that counts a change only if it is kept);
 * :func:`on_write_failure`: undo an in-memory change if the store fails to write the
   request's changes (outside a request: never). Whoever sees the request's
   :class:`~rlgate.store.base.StoreError` calls :func:`undo_changes`, so that a change the
@@ -36,7 +38,7 @@ from rlgate.store.base import Store, StoreError
 from rlgate.trajectory.interaction import Interaction, Session
 
 __all__ = ["RequestScope", "ScopedStore", "after_response", "begin_request", "current_scope", "end_request",
-           "on_write_failure", "store_refusal", "undo_changes"]
+           "on_durable", "on_write_failure", "store_refusal", "undo_changes"]
 
 log = logging.getLogger("rlgate.core")
 
@@ -47,6 +49,7 @@ class RequestScope:
 
     writes: list[int] = field(default_factory=list)  # store sequence numbers not yet waited for
     after: list[Callable[[], None]] = field(default_factory=list)  # run once the response was sent
+    durable: list[Callable[[], None]] = field(default_factory=list)  # run once its writes so far are durable
     undo: list[Callable[[], None]] = field(default_factory=list)  # run (last first) if a write failed
 
     async def wait_durable(self, store: Store) -> None:
@@ -54,6 +57,16 @@ class RequestScope:
         writes, self.writes = self.writes, []
         if writes:
             await store.wait_durable(writes)
+        self.run_durable()
+
+    def run_durable(self) -> None:
+        """Run the hooks :func:`on_durable` registered (the request's changes are kept)."""
+        hooks, self.durable = self.durable, []
+        for fn in hooks:
+            try:
+                fn()
+            except Exception:  # a bookkeeping hook must not turn a durable change into an error
+                log.exception("on-durable hook failed")
 
 
 _SCOPE: contextvars.ContextVar[RequestScope | None] = contextvars.ContextVar("rlgate_request_scope", default=None)
@@ -119,6 +132,17 @@ def after_response(fn: Callable[[], None]) -> None:
         scope.after.append(fn)
 
 
+def on_durable(fn: Callable[[], None]) -> None:
+    """Run ``fn`` once the current request's writes are durable, before its answer (or a stream's
+    final event) is sent; never if they fail (outside a request: at once). For bookkeeping that
+    counts a change only if it is kept, visible by the time the client sees the answer."""
+    scope = _SCOPE.get()
+    if scope is None:
+        fn()
+    else:
+        scope.durable.append(fn)
+
+
 def on_write_failure(fn: Callable[[], None]) -> None:
     """Run ``fn`` if the store cannot write the current request's changes."""
     scope = _SCOPE.get()
@@ -138,6 +162,7 @@ def undo_changes() -> int:
         except Exception:  # undo the rest whatever one of them does (logged)
             log.exception("undoing a change after a failed write failed")
     scope.after.clear()  # nothing deferred runs for a request whose changes were undone
+    scope.durable.clear()
     return len(undo)
 
 

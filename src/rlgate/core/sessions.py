@@ -26,7 +26,7 @@ from rlgate.config import GatewayConfig
 from rlgate.core.limits import image_size, images
 from rlgate.core.naming import DefaultNaming, SessionNaming
 from rlgate.core.rate_limit import RateLimiter
-from rlgate.core.request_scope import ScopedStore, after_response, on_write_failure
+from rlgate.core.request_scope import ScopedStore, after_response, on_durable, on_write_failure
 from rlgate.errors import (
     AuthenticationFailed,
     Conflict,
@@ -419,8 +419,6 @@ class SessionManager:
         interactions = [s.to_dict() for s in samples]
         if self.redact is not None:
             interactions = [r for r in map(self.redact, interactions) if r is not None]
-        if not keep:  # a kept export is a look (e.g. a reward function's, before rewards): counted once, at the end
-            self.gateway_metrics.record_export(interactions, stats, style, current_version)
         response = {
             "session_id": session.id,
             "task_id": session.task_id,
@@ -434,7 +432,14 @@ class SessionManager:
         # The response is fully built: only now may the session go.
         if not keep:
             self._drop_after_export(session)
-        self.metrics["sessions_exported"] += 1
+
+        def count() -> None:  # once durable, before the answer: a refused one (503, undone) counts nothing
+            # a kept export is a look (e.g. a reward function's, before rewards): its samples count once, at the end
+            if not keep:
+                self.gateway_metrics.record_export(interactions, stats, style, current_version)
+            self.metrics["sessions_exported"] += 1
+
+        on_durable(count)
         return response
 
     def _drop_after_export(self, session: Session) -> None:
