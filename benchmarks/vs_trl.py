@@ -129,7 +129,8 @@ def run_rlgate(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout:
         "steps": steps, "seed": seed, "checkpoint_every": 10**6, "keep_checkpoints": 1, "resume": False,
         "grpo": {"lr": s["lr"], "groups_per_step": s["groups"], "micro_batch_size": 64, "device": "cpu",
                  "max_staleness": staleness, "pad_token_id": 0},
-        "rollout": {"group_size": s["group_size"], "concurrency": s["groups"] * s["group_size"], "seed": seed},
+        "rollout": {"group_size": s["group_size"], "concurrency": s["groups"] * s["group_size"], "seed": seed,
+                    "batch_starts": not four_calls, "fused_finish": not four_calls},
         "tracking": {"plot": False, "tensorboard": False, "stdout": False},
     }
     for section, values in extra.items():
@@ -139,8 +140,6 @@ def run_rlgate(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout:
 
     class Measure(Hooks):
         def on_start(self, run: Any) -> None:
-            if four_calls:
-                run.runner.batch_starts = run.runner.fused_finish = False
             got["before"] = greedy_accuracy(run.trainer.model, model_dir, heldout, s["max_tokens"])
             got["t0"], got["cpu0"] = time.perf_counter(), time.process_time()
 

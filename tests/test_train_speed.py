@@ -61,3 +61,28 @@ def test_a_step_with_trimmed_logits_is_the_step_with_all_of_them(tiny_model_dir)
     assert a2["stale_samples"] == b2["stale_samples"] == 6
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.torch
+async def test_the_rollout_levers_are_run_settings(tiny_model_dir, tmp_path):
+    """``rollout.batch_starts`` / ``rollout.fused_finish`` reach the runner, ``gateway.engine_threads``
+    the in-process engine (default on the CPU: all cores but one)."""
+    from rlgate.train.config import TrainConfig
+    from rlgate.train.gateway import open_gateway
+    from rlgate.train.run import make_runner
+
+    def cfg(**sections):
+        return TrainConfig.model_validate({"model": str(tiny_model_dir), "out_dir": str(tmp_path / "run"),
+                                           "dataset": "unused.jsonl", "agent": "m:A", **sections})
+
+    default = make_runner(cfg(), None, object(), None)
+    assert default.batch_starts and default.fused_finish
+    off = make_runner(cfg(rollout={"batch_starts": False, "fused_finish": False}), None, object(), None)
+    assert not off.batch_starts and not off.fused_finish
+    for threads, expected in ((None, max(1, torch.get_num_threads() - 1)), (3, 3)):
+        c = cfg(gateway={"device": "cpu", "engine_threads": threads})
+        gw = await open_gateway(c, tiny_model_dir, tiny_model_dir)
+        try:
+            assert gw.sync.engine.threads == expected
+        finally:
+            await gw.close()

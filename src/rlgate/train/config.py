@@ -102,6 +102,12 @@ class RolloutSettings(_Strict):
         default=None, description="[low, high]: a reward outside stops the run (None: any finite float)")
     seed: int | None = Field(default=None, description="seed the in-process local engine's sampling: a run's "
                              "samples are reproducible (None: fresh randomness)")
+    batch_starts: bool = Field(default=True, description="episodes that start together start their sessions in "
+                               "one call (POST /rl/start_sessions; not through a cluster router); false: one "
+                               "start_session each")
+    fused_finish: bool = Field(default=True, description="without a reward_fn, an episode ends, is rewarded and "
+                               "exported in one call (POST /rl/finish_session); false: end_session, set_reward "
+                               "and export_trajectories")
 
     @field_validator("group_size")
     @classmethod
@@ -138,6 +144,8 @@ class GatewaySettings(_Strict):
     max_tokens_cap: int | None = Field(default=None, ge=1, description="in-process: hard cap on generated tokens "
                                        "per call (agents ask for 32k+)")
     device: str | None = Field(default=None, description="in-process engine's device (None: cuda if available)")
+    engine_threads: int | None = Field(default=None, ge=1, description="in-process engine on the CPU: torch threads "
+                                       "(None: all cores but one, which the gateway's and agents' Python gets)")
     engine: Literal["local", "scripted"] = Field(default="local", description="in-process: the model (local) or "
                                                  "replies from gateway.script, for a dry run of an agent's loop")
     script: str | None = Field(default=None, description="engine scripted: 'tools' (default: call the first listed "

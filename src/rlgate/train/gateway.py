@@ -96,15 +96,16 @@ class PooledGatewayClient(GatewayClient):
         await self._pool.aclose()
 
 
-def engine_threads(device: str | None) -> int | None:
-    """Torch threads of the in-process engine: on the CPU, one core is left to the gateway's and the
-    agents' Python threads. With torch's two threads on a 2-core machine a rollout round of the toy
-    (64 episodes) took 3.5 s, with one 0.75 s (benchmarks/rollout_cost.py, docs/training.md)."""
+def engine_threads(device: str | None, configured: int | None = None) -> int | None:
+    """Torch threads of the in-process engine (``gateway.engine_threads``; None: torch's default):
+    on the CPU by default one core is left to the gateway's and the agents' Python threads. With
+    torch's two threads on a 2-core machine a rollout round of the toy (64 episodes) took 3.5 s,
+    with one 0.75 s (benchmarks/rollout_cost.py, docs/training.md)."""
     import torch
 
     if (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda"):
         return None
-    return max(1, torch.get_num_threads() - 1)
+    return configured or max(1, torch.get_num_threads() - 1)
 
 
 def control_client(url: str, admin_key: str, cfg: TrainConfig) -> GatewayClient:
@@ -284,7 +285,8 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path, *, 
     else:
         try:
             engine = LocalEngine(weights, device=cfg.gateway.device, max_context_length=cfg.gateway.context_length,
-                                 seed=cfg.rollout.seed, threads=engine_threads(cfg.gateway.device))
+                                 seed=cfg.rollout.seed,
+                                 threads=engine_threads(cfg.gateway.device, cfg.gateway.engine_threads))
         except Exception as exc:  # noqa: BLE001
             raise RunError(f"model: the engine cannot load {weights}: {type(exc).__name__}: {exc}") from None
         sync = ColocatedSync(engine)

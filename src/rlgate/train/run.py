@@ -104,11 +104,13 @@ def make_runner(cfg: TrainConfig, client: Any, agent: Any, reward_fn: Any) -> An
     from rlgate.rollout.runner import RolloutRunner
 
     r = cfg.rollout
-    return RolloutRunner(client, agent, group_size=r.group_size, concurrency=r.concurrency,
-                         episode_timeout=r.episode_timeout, mode="ray" if cfg.ray is not None else r.mode,
-                         export_style=r.export_style, discount=r.discount, reward_fn=reward_fn,
-                         reward_range=r.reward_range, max_consecutive_failures=r.max_consecutive_failures,
-                         ray_options=cfg.ray.episode if cfg.ray is not None else None)
+    runner = RolloutRunner(client, agent, group_size=r.group_size, concurrency=r.concurrency,
+                           episode_timeout=r.episode_timeout, mode="ray" if cfg.ray is not None else r.mode,
+                           export_style=r.export_style, discount=r.discount, reward_fn=reward_fn,
+                           reward_range=r.reward_range, max_consecutive_failures=r.max_consecutive_failures,
+                           ray_options=cfg.ray.episode if cfg.ray is not None else None)
+    runner.batch_starts, runner.fused_finish = r.batch_starts, r.fused_finish
+    return runner
 
 
 # --------------------------------------------------------------------------- evaluation

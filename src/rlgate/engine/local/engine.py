@@ -196,6 +196,11 @@ class LocalEngine(StreamingEngineMixin):
         batch = self._batch
         return len(self._pending) + (len(batch) if batch is not None else 0)
 
+    @property
+    def threads(self) -> int | None:
+        """Torch threads of the engine's forward passes (None: torch's setting)."""
+        return self._threads
+
     def stats(self) -> dict[str, int]:
         """Batch occupancy for metrics: running rows, waiting requests, capacity, decode counters
         (read without the lock: each value is a consistent int)."""
