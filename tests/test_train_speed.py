@@ -86,3 +86,40 @@ async def test_the_rollout_levers_are_run_settings(tiny_model_dir, tmp_path):
             assert gw.sync.engine.threads == expected
         finally:
             await gw.close()
+
+
+@pytest.mark.torch
+def test_micro_batches_are_length_sorted_and_cut_to_their_longest_sample(tiny_model_dir):
+    """The step trains micro-batches of similar lengths, each cut to its longest sample (was: every
+    micro-batch padded to the batch's longest): ``pad_fraction`` is that layout's, and the loss,
+    metrics and updated weights are those of one sample per micro-batch (no padding at all), on- and
+    off-policy with a KL reference (the no-grad passes use the same layout)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlgate.train.config import GRPOConfig
+    from rlgate.train.grpo import GRPOTrainer
+    from rlgate.trajectory.sample import Sample
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    lengths = [5, 20, 6, 19, 7, 18]
+    samples = [Sample(id=f"s{i}", input_ids=[(5 + 3 * i + t) % 90 + 3 for t in range(n)],
+                      loss_mask=[0, 0] + [1] * (n - 2), logprobs=[0.0, 0.0] + [-3.0] * (n - 2),
+                      versions=[-1, -1] + [0] * (n - 2), reward=float(i % 2))
+               for i, n in enumerate(lengths)]
+    groups = ["g", "g", "g", "h", "h", "h"]
+    results = {}
+    for micro in (1, 2):
+        trainer = GRPOTrainer(copy.deepcopy(base), GRPOConfig(lr=1e-3, device="cpu", micro_batch_size=micro,
+                                                              kl_coef=0.1))
+        m1 = trainer.step(samples, groups, 0)
+        m2 = trainer.step(samples, groups, 1)  # now stale: the proximal pass too
+        results[micro] = (m1, m2, trainer.model.state_dict())
+    (a1, a2, wa), (b1, b2, wb) = results[1], results[2]
+    assert a1["pad_fraction"] == 0.0
+    # sorted: (20, 19), (18, 7), (6, 5) -> 40 + 36 + 12 positions for 75 tokens (unsorted, uncut: 120)
+    assert b1["pad_fraction"] == b2["pad_fraction"] == pytest.approx(1 - 75 / 88)
+    for key in ("loss", "entropy", "approx_kl", "kl_ref", "grad_norm", "behav_logprob_abs_err", "tokens"):
+        assert b1[key] == pytest.approx(a1[key], rel=1e-4, abs=1e-6), key
+        assert b2[key] == pytest.approx(a2[key], rel=1e-4, abs=1e-6), key
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=1e-5)

@@ -164,12 +164,19 @@ class GRPOTrainer:
                                      "grad_norm": 0.0, "behav_logprob_abs_err": 0.0}
         err_sum, err_n, updates = 0.0, 0, 0
         ent_sum = 0.0
+        lengths = batch["attention_mask"].sum(1).cpu()
+        computed = 0  # token positions the forward passes ran (real + padding)
         for start in range(0, n, per_update):
             idx = order[start:start + per_update]
+            # micro-batches of similar lengths, each cut to its longest sample: no update's gradient
+            # changes (it sums over its micro-batches), the padding the forward passes run does
+            idx = idx[torch.argsort(lengths[idx], descending=True, stable=True)]
             update_tokens = int(batch["loss_mask"][idx].sum())
             for mb_start in range(0, len(idx), cfg.micro_batch_size):
                 mb = idx[mb_start:mb_start + cfg.micro_batch_size]
-                sub = {k: v[mb] for k, v in batch.items() if k != "rewards"}
+                width = int(lengths[mb].max())
+                computed += width * len(mb)
+                sub = {k: v[mb, :width] for k, v in batch.items() if k != "rewards"}
                 mask = sub["loss_mask"]
                 ent: list[torch.Tensor] = []  # each sample is in exactly one update
                 logp = self._forward_logprobs(self.model, sub, temps[mb].to(self.device), ent)
@@ -180,14 +187,14 @@ class GRPOTrainer:
                 if prox_all is not None:
                     # on-policy samples use the recorded logprobs as proximal policy too
                     on = ~stale[mb].to(self.device)
-                    prox = torch.where(on.unsqueeze(-1), old, prox_all[mb])
+                    prox = torch.where(on.unsqueeze(-1), old, prox_all[mb, :width])
                 loss, st = policy_loss(
                     logp, old, advantages[mb].to(self.device), mask, logp_prox=prox,
                     clip_low=cfg.clip_low, clip_high=cfg.clip_high, importance_cap=cfg.importance_cap,
                     num_tokens=max(update_tokens, 1),
                 )
                 if ref_all is not None:
-                    kl = kl_penalty(logp, ref_all[mb], mask, num_tokens=max(update_tokens, 1))
+                    kl = kl_penalty(logp, ref_all[mb, :width], mask, num_tokens=max(update_tokens, 1))
                     loss = loss + cfg.kl_coef * kl
                     # kl is already this micro-batch's share of the update's token mean
                     metrics["kl_ref"] += float(kl.detach()) * max(update_tokens, 1) / max(total_tokens, 1)
@@ -209,6 +216,7 @@ class GRPOTrainer:
         metrics["loss"] /= max(updates, 1)
         metrics["behav_logprob_abs_err"] = err_sum / max(err_n, 1)
         metrics["tokens"] = float(total_tokens)
+        metrics["pad_fraction"] = 1.0 - float(lengths.sum()) / max(computed, 1)  # of the positions trained on
         metrics["samples"] = float(n)
         metrics["stale_samples"] = float(stale.sum())
         metrics["adv_abs_mean"] = float(advantages.abs().mean())
@@ -222,12 +230,17 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def _no_grad_logprobs(self, model: Any, batch: dict[str, torch.Tensor], temps: torch.Tensor) -> torch.Tensor:
-        outs = []
-        n = batch["input_ids"].shape[0]
+        """Logprobs of every position of ``batch`` (0.0 on padding), in micro-batches of similar lengths."""
+        n, full = batch["input_ids"].shape
+        lengths = batch["attention_mask"].sum(1).cpu()
+        order = torch.argsort(lengths, descending=True, stable=True)
+        out = torch.zeros((n, full), dtype=torch.float32, device=self.device)
         for s in range(0, n, self.config.micro_batch_size):
-            sub = {k: v[s:s + self.config.micro_batch_size] for k, v in batch.items() if k != "rewards"}
-            outs.append(self._forward_logprobs(model, sub, temps[s:s + self.config.micro_batch_size].to(self.device)))
-        return torch.cat(outs)
+            mb = order[s:s + self.config.micro_batch_size]
+            width = int(lengths[mb].max())
+            sub = {k: v[mb, :width] for k, v in batch.items() if k != "rewards"}
+            out[mb.to(self.device), :width] = self._forward_logprobs(model, sub, temps[mb].to(self.device)).float()
+        return out
 
 
 def _takes_logits_to_keep(model: Any) -> bool:
