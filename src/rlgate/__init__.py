@@ -32,6 +32,7 @@ Public modules (``PUBLIC_MODULES``): beyond the names above, the docs teach thes
     rlgate.trajectory.export       samples to tensors, JSONL, Parquet, and back
     rlgate.trajectory.formats      samples in TRL / verl / OpenRLHF layouts (``rlgate export``)
     rlgate.integrations.trl        a rollout_func for TRL's GRPOTrainer (docs/integrations.md)
+    rlgate.integrations.trl_async  a rollout worker and weight transfer for TRL's AsyncGRPOTrainer
     rlgate.integrations.verl       an agent loop for verl 0.9 (docs/integrations.md)
     rlgate.cluster                 replicas on Ray behind a router
     rlgate.cluster.collector       finished trajectories from every replica
@@ -59,6 +60,7 @@ PUBLIC_MODULES = (
     "rlgate.trajectory.export",
     "rlgate.trajectory.formats",
     "rlgate.integrations.trl",
+    "rlgate.integrations.trl_async",
     "rlgate.integrations.verl",
     "rlgate.cluster",
     "rlgate.cluster.collector",

@@ -50,7 +50,7 @@ from rlgate.rollout.runner import RolloutRunner
 from rlgate.train.config import GatewaySettings, RolloutSettings, TrainConfig
 from rlgate.train.gateway import OpenGateway, open_gateway
 
-__all__ = ["TRLRollout", "agent_reward", "default_data_for", "trl_batch"]
+__all__ = ["TRLRollout", "agent_reward", "close_agent", "default_data_for", "open_agent", "trl_batch"]
 
 
 def default_data_for(prompt: Any) -> dict[str, Any]:
@@ -106,19 +106,9 @@ class TRLRollout:
         elsewhere and weights go through ``POST /rl/update_weights`` (``gateway.sync_dir``,
         default ``out_dir/sync``, must be readable there). ``seed`` seeds the in-process engine's
         sampling."""
-        settings = gateway or GatewaySettings()
-        # open_gateway reads the run's model, out_dir, gateway, rollout and ray sections only
-        cfg = TrainConfig.model_construct(model=str(model), out_dir=str(out_dir), gateway=settings,
-                                          rollout=RolloutSettings(seed=seed, concurrency=concurrency,
-                                                                  episode_timeout=episode_timeout), ray=None)
-        loop = LoopThread()
-        try:
-            opened = loop.run(open_gateway(cfg, Path(model), Path(model)))
-        except BaseException:
-            loop.close()
-            raise
-        runner = RolloutRunner(opened.client, agent, concurrency=concurrency, episode_timeout=episode_timeout,
-                               export_style="concat", max_consecutive_failures=max_consecutive_failures)
+        opened, runner, loop = open_agent(agent, model, gateway=gateway, concurrency=concurrency,
+                                          episode_timeout=episode_timeout, seed=seed, out_dir=out_dir,
+                                          max_consecutive_failures=max_consecutive_failures)
         return cls(opened, runner, loop, data_for)
 
     @property
@@ -153,20 +143,47 @@ class TRLRollout:
     # ------------------------------------------------------------------ life
 
     def close(self) -> None:
-        async def shut() -> None:
-            await self.runner.aclose()
-            await self.gateway.close()
-
-        try:
-            self.loop.run(shut())
-        finally:
-            self.loop.close()
+        close_agent(self.gateway, self.runner, self.loop)
 
     def __enter__(self) -> TRLRollout:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def open_agent(agent: Any, model: str | Path, *, gateway: GatewaySettings | None = None, concurrency: int = 64,
+               episode_timeout: float = 300.0, seed: int | None = None, out_dir: str | Path = "runs/trl",
+               max_consecutive_failures: int = 32) -> tuple[OpenGateway, RolloutRunner, LoopThread]:
+    """The gateway serving ``model``, the runner that plays ``agent`` through it, and the event loop
+    they live on (the arguments are :meth:`TRLRollout.start`'s); :func:`close_agent` ends them.
+    Both TRL adapters (this one and ``integrations/trl_async.py``) open theirs here."""
+    settings = gateway or GatewaySettings()
+    # open_gateway reads the run's model, out_dir, gateway, rollout and ray sections only
+    cfg = TrainConfig.model_construct(model=str(model), out_dir=str(out_dir), gateway=settings,
+                                      rollout=RolloutSettings(seed=seed, concurrency=concurrency,
+                                                              episode_timeout=episode_timeout), ray=None)
+    loop = LoopThread()
+    try:
+        opened = loop.run(open_gateway(cfg, Path(model), Path(model)))
+    except BaseException:
+        loop.close()
+        raise
+    runner = RolloutRunner(opened.client, agent, concurrency=concurrency, episode_timeout=episode_timeout,
+                           export_style="concat", max_consecutive_failures=max_consecutive_failures)
+    return opened, runner, loop
+
+
+def close_agent(gateway: OpenGateway, runner: RolloutRunner, loop: LoopThread) -> None:
+    """Close what :func:`open_agent` opened: the runner's client, the gateway, then the loop."""
+    async def shut() -> None:
+        await runner.aclose()
+        await gateway.close()
+
+    try:
+        loop.run(shut())
+    finally:
+        loop.close()
 
 
 def trl_batch(chains: list[Chain], eos: int) -> dict[str, list[Any]]:

@@ -1,0 +1,186 @@
+"""rlgate.integrations.trl_async: TRL's AsyncGRPOTrainer trained on rlgate rollouts, weights back to rlgate.
+
+The slow test runs TRL 1.16's own ``AsyncGRPOTrainer`` for two optimizer steps on the tiny model,
+with :class:`AsyncAgentRollout` as its rollout worker and weight transfer and a real OpenAI SDK
+agent playing through an in-process gateway. TRL's trainer does not run on a CPU as shipped, and
+the test swaps exactly two things of TRL's for CPU equivalents (docs/integrations.md):
+
+* ``get_peak_flops_per_device`` (an MFU metric) calls ``torch.cuda.get_device_name``, which raises
+  on a CPU-only torch: here it returns None (TRL's "peak unknown": MFU not logged);
+* the tree attention TRL registers as ``tree_fa3`` runs FlashAttention-3 fetched from the Hub
+  (``kernels.get_kernel``, Hopper GPUs): here :func:`_cpu_tree_attention` computes the same
+  attention (each packed segment attends causally to its root-to-segment path) with PyTorch's SDPA.
+
+Everything else (the queue consumption, staleness check, tree packing, GRPO loss, optimizer,
+weight-sync callbacks) is TRL's code as installed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+from typing import Any
+
+import pytest
+
+from rlgate.integrations.episodes import Chain
+from rlgate.integrations.trl_async import group_advantages, rollout_sample
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+def test_group_advantages_follow_trls_worker():
+    """TRL's AsyncRolloutWorker: over the scored rewards, (r - mean) / (std + 1e-8), population std; 0 if unscored."""
+    rewards = [1.0, 0.0, None, 0.5]
+    mean, std = 0.5, math.sqrt((0.25 + 0.25 + 0.0) / 3)
+    assert group_advantages(rewards) == pytest.approx([0.5 / (std + 1e-8), -0.5 / (std + 1e-8), 0.0, 0.0])
+    assert group_advantages([0.3, 0.3]) == [0.0, 0.0] and group_advantages([None, None]) == [0.0, 0.0]
+    assert mean == 0.5
+
+
+@pytest.mark.torch  # TRL's RolloutSample module imports torch
+def test_a_chain_becomes_one_sample_with_the_loss_on_generated_tokens():
+    chain = Chain(True, [5, 6], [7, 8, 9], [1, 0, 1], [-0.5, 0.0, -0.25], [3, -1, 3], 1.0, "s", 2, 0)
+    s = rollout_sample(chain, advantage=0.7, model_version=3, group_id=4, prompt="p", metrics={"reward": 1.0})
+    assert s.input_ids.tolist() == [5, 6, 7, 8, 9] and s.completion_mask.tolist() == [0, 0, 1, 0, 1]
+    assert s.old_log_probs.tolist() == [0.0, 0.0, -0.5, 0.0, -0.25]
+    assert (s.advantage, s.model_version, s.group_id) == (0.7, 3, 4)
+    assert s.prompt == [{"role": "user", "content": "p"}]
+
+
+class ReplyAgent:
+    """A one-call OpenAI SDK agent rewarded by its reply's length; it keeps every reply it got."""
+
+    def __init__(self) -> None:
+        self.replies: list[str] = []
+
+    async def run(self, data: dict[str, Any], *, base_url: str, api_key: str, http_client: Any = None) -> float:
+        from openai import AsyncOpenAI
+
+        client = AsyncOpenAI(base_url=base_url + "/v1", api_key=api_key, http_client=http_client)
+        reply = await client.chat.completions.create(model="policy", max_tokens=6, temperature=1.0,
+                                                     messages=[{"role": "user", "content": data["prompt"]}])
+        text = reply.choices[0].message.content or ""
+        self.replies.append(text)
+        return len(text) / 10.0
+
+
+class SeenQueue(queue.Queue):
+    """The rollout buffer, keeping what the trainer took from it."""
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize)
+        self.taken: list[Any] = []
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        item = super().get(block, timeout)
+        self.taken.append(item)
+        return item
+
+
+def _cpu_tree_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *, tree_kv_index: Any,
+                        tree_cu_seqlens_q: Any, tree_cu_seqlens_k: Any, scaling: float | None = None,
+                        **kwargs: Any) -> tuple[Any, None]:
+    """TRL's ``tree_fa3`` attention on a CPU: the packed segment ``s`` (queries ``cu_q[s]:cu_q[s+1]``)
+    attends to the keys at ``tree_kv_index[cu_k[s]:cu_k[s+1]]`` (its root-to-segment path, the
+    segment last), causally aligned to the path's end, as FlashAttention's varlen ``causal=True`` does."""
+    import torch
+    import torch.nn.functional as F
+
+    n = query.shape[2]
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    cq, ck = tree_cu_seqlens_q.tolist(), tree_cu_seqlens_k.tolist()
+    for s in range(len(cq) - 1):
+        path = tree_kv_index[ck[s]:ck[s + 1]]
+        width, length = cq[s + 1] - cq[s], ck[s + 1] - ck[s]
+        allowed[cq[s]:cq[s + 1], path] = torch.arange(length)[None, :] <= (length - width + torch.arange(width))[:, None]
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling,
+                                         enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _logprob_gap(model: Any, samples: list[Any]) -> float:
+    """Largest |sample's old logprob - model's logprob| over the samples' trained tokens."""
+    import torch
+
+    worst = 0.0
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor(s.input_ids)[None]
+            lps = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+            mine = lps.gather(1, ids[0, 1:, None])[:, 0]
+            for a, b, m in zip(mine.tolist(), s.old_log_probs[1:].tolist(), s.completion_mask[1:].tolist(), strict=True):
+                if m:
+                    worst = max(worst, abs(a - b))
+    return worst
+
+
+def _served(model_dir: Any, state: dict[str, Any]) -> Any:
+    """The tiny model (default attention) with ``state``'s weights, in eval mode as the engine runs it."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def _take(buffer: queue.Queue, n: int, timeout: float = 120.0) -> list[Any]:
+    return [buffer.get(timeout=timeout) for _ in range(n)]
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_async_grpo_trains_on_rlgate_rollouts_and_serves_its_weights(tiny_model_dir, tokenizer, tmp_path,
+                                                                      monkeypatch):
+    import torch
+    from datasets import Dataset
+    from transformers import AttentionInterface, AutoModelForCausalLM
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer
+
+    from rlgate.integrations.trl_async import AsyncAgentRollout
+
+    monkeypatch.setattr(async_grpo_trainer, "get_peak_flops_per_device", lambda accelerator, dtype: None)
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    prompts = [f"Say {k}" for k in range(4)]
+    agent = ReplyAgent()
+    with AsyncAgentRollout.open(agent, tiny_model_dir, prompts=prompts, num_generations=4, seed=0,
+                                out_dir=tmp_path, queue_maxsize=8) as rollout:
+        rollout.rollout_buffer = SeenQueue(8)
+        config = AsyncGRPOConfig(output_dir=str(tmp_path / "trl"), max_steps=2, learning_rate=1e-2, seed=0,
+                                 num_generations=4, per_device_train_batch_size=8, token_budget=0,
+                                 save_strategy="no", report_to=[], use_cpu=True, logging_steps=1, bf16=False)
+        trainer = AsyncGRPOTrainer(model=str(tiny_model_dir), args=config, train_dataset=Dataset.from_dict(
+            {"prompt": prompts}), rollout_worker=rollout, weight_transfer=rollout)
+        monkeypatch.setitem(AttentionInterface._global_mapping, "tree_fa3", _cpu_tree_attention)
+        trainer.train()
+
+        # TRL synced before the worker started and after each of its 2 steps; each push is one engine version
+        assert rollout.pushes == [(1, 1), (2, 2), (3, 3)] and rollout.failed == 0
+        taken = rollout.rollout_buffer.taken
+        first, second = taken[:8], taken[8:16]
+        assert len(second) == 8 and {s.model_version for s in first} == {1}
+        assert {s.model_version for s in second} <= {1, 2}
+        for s in taken:  # one sample per episode: the chat prompt, then the reply the agent got, loss on it only
+            ids, mask = s.input_ids.tolist(), s.completion_mask.tolist()
+            n = mask.index(1)
+            assert all(mask[n:]) and not any(mask[:n]) and all(lp == 0.0 for lp in s.old_log_probs[:n].tolist())
+            assert tokenizer.decode(ids[:n]).endswith("<|im_end|>\n<|im_start|>assistant\n")
+            assert tokenizer.decode(ids[n:], skip_special_tokens=True).strip() in {r.strip() for r in agent.replies}
+            assert all(lp < 0.0 for lp in s.old_log_probs[n:].tolist())
+        # the logprobs the engine recorded are the served weights' (the initial model's for TRL version 1) ...
+        assert _logprob_gap(initial, first) < 1e-4
+        logs = [h for h in trainer.state.log_history if "kl" in h]
+        assert logs[0]["kl"] < 1e-5  # ... and TRL's own forward (tree packing, its loss) agrees on step 1
+        # the step changed TRL's weights, and the engine serves them now: new tokens carry version 3
+        assert trainer.model is not None
+        final = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        assert any(not torch.equal(final[k], v) for k, v in initial.state_dict().items())
+        while not rollout.rollout_buffer.empty():
+            rollout.rollout_buffer.get_nowait()
+        rollout.start()
+        later = _take(rollout.rollout_buffer, 8)
+        rollout.stop()
+        assert {s.model_version for s in later} == {3}
+        assert _logprob_gap(_served(tiny_model_dir, final), later) < 1e-4
+        assert _logprob_gap(initial, later) > 10 * max(_logprob_gap(_served(tiny_model_dir, final), later), 1e-4)
