@@ -125,7 +125,7 @@ def _served(model_dir: Any, state: dict[str, Any]) -> Any:
     return model.eval()
 
 
-def _take(buffer: queue.Queue, n: int, timeout: float = 120.0) -> list[Any]:
+def _take(buffer: Any, n: int, timeout: float = 120.0) -> list[Any]:
     return [buffer.get(timeout=timeout) for _ in range(n)]
 
 
@@ -184,3 +184,71 @@ def test_async_grpo_trains_on_rlgate_rollouts_and_serves_its_weights(tiny_model_
         assert {s.model_version for s in later} == {3}
         assert _logprob_gap(_served(tiny_model_dir, final), later) < 1e-4
         assert _logprob_gap(initial, later) > 10 * max(_logprob_gap(_served(tiny_model_dir, final), later), 1e-4)
+
+
+class HalfFailingAgent(ReplyAgent):
+    """Every second episode raises before its LLM call; the others are ReplyAgent's."""
+
+    def __init__(self, fail_all: bool = False) -> None:
+        super().__init__()
+        self.calls = 0
+        self.fail_all = fail_all
+
+    async def run(self, data: dict[str, Any], **kw: Any) -> float:
+        self.calls += 1
+        if self.fail_all or self.calls % 2 == 0:
+            raise RuntimeError("the agent broke")
+        return await super().run(data, **kw)
+
+
+def _push_initial(rollout: Any, model_dir: Any) -> None:
+    """What TRL does before it starts the worker: send its weights, then announce version 1."""
+    from transformers import AutoModelForCausalLM
+
+    rollout.send_weights(iter(AutoModelForCausalLM.from_pretrained(model_dir).named_parameters()))
+    rollout.update_model_version(1)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_failed_episode_queues_nothing_and_stays_out_of_its_group(tiny_model_dir, tmp_path):
+    from rlgate.integrations.trl_async import AsyncAgentRollout
+
+    agent = HalfFailingAgent()
+    with AsyncAgentRollout.open(agent, tiny_model_dir, prompts=["Say 1"], num_generations=4, groups_in_flight=1,
+                                out_dir=tmp_path, max_consecutive_failures=0) as rollout:
+        _push_initial(rollout, tiny_model_dir)
+        rollout.start()
+        samples = _take(rollout.rollout_buffer, 4)  # two groups of 4 episodes, 2 of each failed
+        rollout.stop()
+        assert rollout.failed >= 4 and rollout.pushes == [(1, 1)]
+        rollout.check_health(60.0)  # stopped by stop(): not an error
+        groups: dict[int, list[Any]] = {}
+        for s in samples:
+            groups.setdefault(s.group_id, []).append(s)
+        assert [len(g) for g in groups.values()] == [2, 2] and {s.model_version for s in samples} == {1}
+        for g in groups.values():  # two scored episodes: advantages +-1 (or 0, 0 on a tie)
+            rewards = [s.metrics["reward"] for s in g]
+            assert [s.advantage for s in g] == pytest.approx(group_advantages(rewards), abs=1e-6)
+            assert sorted(round(s.advantage) for s in g) in ([-1, 1], [0, 0])
+        logged: dict[str, float] = {}
+        while not rollout.metrics_queue.empty():
+            for k, v in rollout.metrics_queue.get_nowait().items():
+                logged[k] = logged.get(k, 0.0) + v
+        assert logged["rlgate/failed_total"] == rollout.failed and logged["rlgate/episodes_total"] == rollout.episodes
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_worker_stopped_by_failures_fails_the_trainers_health_check(tiny_model_dir, tmp_path):
+    from rlgate.integrations.trl_async import AsyncAgentRollout
+
+    with AsyncAgentRollout.open(HalfFailingAgent(fail_all=True), tiny_model_dir, prompts=["Say 1"], num_generations=2,
+                                out_dir=tmp_path, max_consecutive_failures=3) as rollout:
+        _push_initial(rollout, tiny_model_dir)
+        rollout.start()
+        assert rollout._producer is not None
+        rollout._producer.exception(timeout=60)  # the producer ends (TooManyFailures) ...
+        with pytest.raises(RuntimeError, match="rollout worker stopped.*the agent broke"):
+            rollout.check_health(300.0)  # ... and TRL's next health check says why
+        assert rollout.rollout_buffer.empty()
