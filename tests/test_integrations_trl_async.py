@@ -252,3 +252,50 @@ def test_a_worker_stopped_by_failures_fails_the_trainers_health_check(tiny_model
         with pytest.raises(RuntimeError, match="rollout worker stopped.*the agent broke"):
             rollout.check_health(300.0)  # ... and TRL's next health check says why
         assert rollout.rollout_buffer.empty()
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_weights_reach_a_gateway_elsewhere_through_update_weights(tiny_model_dir, tmp_path, monkeypatch):
+    """gateway.url: `rlgate serve` in another process; TRL's (name, tensor) stream becomes a checkpoint
+    loaded through POST /rl/update_weights, and the next samples carry its version and its logprobs."""
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from helpers import ADMIN_KEY, free_port, wait_healthy
+    from rlgate.integrations.trl_async import AsyncAgentRollout
+    from rlgate.train.config import GatewaySettings
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir), "--engine",
+                             "local", "--port", str(port), "--log-level", "warning", "--store", ":memory:"],
+                            env={**os.environ, "RLGATE_ADMIN_KEY": ADMIN_KEY}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_healthy(url, proc)
+        monkeypatch.setenv("RLGATE_ADMIN_KEY", ADMIN_KEY)
+        initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+        pushed = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+        torch.manual_seed(0)
+        with torch.no_grad():  # what an optimizer step does, only bigger
+            for p in pushed.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        settings = GatewaySettings(url=url, sync_dir=str(tmp_path / "sync"))
+        with AsyncAgentRollout.open(ReplyAgent(), tiny_model_dir, prompts=["Say 1"], num_generations=4,
+                                    gateway=settings, out_dir=tmp_path) as rollout:
+            rollout.send_weights(iter(pushed.named_parameters()))
+            rollout.update_model_version(1)
+            rollout.start()
+            samples = _take(rollout.rollout_buffer, 4)
+            rollout.stop()
+            assert rollout.pushes == [(1, 1)] and {s.model_version for s in samples} == {1}
+        (checkpoint,) = (tmp_path / "sync").iterdir()
+        assert {p.name for p in checkpoint.iterdir()} >= {"model.safetensors", "config.json"}
+        assert _logprob_gap(pushed, samples) < 1e-4 and _logprob_gap(initial, samples) > 1e-2
+    finally:
+        proc.terminate()
+        proc.wait(60)
