@@ -62,14 +62,16 @@ class RealToolsSettings(DemoSettings):
     warm_start_lr: float = 3e-5
     warm_start_batch: int = 8
     warm_start_items: int = 480
-    steps: int = 10
+    # 8 steps: the run fits in 20 minutes on 2 cores (seed 0 with 10 steps took 22.7; its train reward was 0.94 at
+    # step 8 and 0.97 at step 10)
+    steps: int = 8
     group_size: int = 8
     groups_per_step: int = 4
     lr: float = 3e-5
     max_tokens: int = 40
     max_turns: int = 3
     concurrency: int = 32
-    eval_every: int = 10  # no evaluation mid-run at the default 10 steps (the reward per step is the curve)
+    eval_every: int = 10  # no evaluation mid-run at the default 8 steps (the reward per step is the curve)
     eval_items: int = 48
     eval_samples: int = 1
     final_eval_samples: int = 2
