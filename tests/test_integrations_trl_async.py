@@ -40,6 +40,7 @@ def test_group_advantages_follow_trls_worker():
 
 
 @pytest.mark.torch  # TRL's RolloutSample module imports torch
+@pytest.mark.slow  # importing TRL's trainer module: ~5 s here
 def test_a_chain_becomes_one_sample_with_the_loss_on_generated_tokens():
     chain = Chain(True, [5, 6], [7, 8, 9], [1, 0, 1], [-0.5, 0.0, -0.25], [3, -1, 3], 1.0, "s", 2, 0)
     s = rollout_sample(chain, advantage=0.7, model_version=3, group_id=4, prompt="p", metrics={"reward": 1.0})
