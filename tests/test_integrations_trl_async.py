@@ -300,3 +300,31 @@ def test_weights_reach_a_gateway_elsewhere_through_update_weights(tiny_model_dir
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_blocked_worker_loop_fails_the_health_check(tiny_model_dir, tmp_path):
+    """The worker's heartbeat ticks on its event loop: blocked, it goes stale and check_health says so."""
+    import threading
+    import time
+
+    from rlgate.integrations.trl_async import AsyncAgentRollout
+
+    with AsyncAgentRollout.open(ReplyAgent(), tiny_model_dir, prompts=["Say 1"], num_generations=2,
+                                out_dir=tmp_path) as rollout:
+        _push_initial(rollout, tiny_model_dir)
+        rollout.start()
+        _take(rollout.rollout_buffer, 2)
+        rollout.check_health(30.0)  # running: ticks every second
+        release = threading.Event()
+        rollout.loop.loop.call_soon_threadsafe(release.wait, 120)  # something blocks the worker's loop
+        try:
+            deadline = time.monotonic() + 60
+            with pytest.raises(RuntimeError, match="loop has not run"):
+                while time.monotonic() < deadline:
+                    rollout.check_health(1.0)
+                    release.wait(0.1)
+        finally:
+            release.set()
+        rollout.stop()

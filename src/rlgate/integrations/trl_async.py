@@ -217,7 +217,7 @@ class AsyncAgentRollout:
             raise RuntimeError(f"the rlgate rollout worker stopped: {exc!r}") from exc
         age = time.time() - self._progress_at
         if producer is not None and age > stale_after_s:
-            raise RuntimeError(f"the rlgate rollout worker made no progress for {age:.0f} s (> {stale_after_s:.0f} s)")
+            raise RuntimeError(f"the rlgate rollout worker's loop has not run for {age:.0f} s (> {stale_after_s:.0f} s)")
 
     # ------------------------------------------------------------------ WeightTransferProtocol
 
@@ -247,6 +247,14 @@ class AsyncAgentRollout:
         async with asyncio.TaskGroup() as lanes:
             for _ in range(self.groups_in_flight):
                 lanes.create_task(self._lane(work))
+            lanes.create_task(self._heartbeat())
+
+    async def _heartbeat(self) -> None:
+        """Tick while the worker's event loop runs (TRL's worker ticks its heartbeat the same way): a
+        slow episode is bounded by ``episode_timeout``, a blocked loop is what ``check_health`` catches."""
+        while True:
+            self._progress_at = time.time()
+            await asyncio.sleep(1.0)
 
     async def _lane(self, work: Iterator[tuple[int, Any]]) -> None:
         while True:
@@ -259,7 +267,6 @@ class AsyncAgentRollout:
             self.episodes += len(chains)
             self.failed += failed
             self.dropped_chains += dropped
-            self._progress_at = time.time()
             self._metric({"rlgate/episodes_total": float(len(chains)), "rlgate/failed_total": float(failed),
                           "rlgate/dropped_chains_total": float(dropped), "rlgate/group_s": time.monotonic() - t0})
             for sample in self._samples(group_id, prompt, chains):
@@ -292,8 +299,7 @@ class AsyncAgentRollout:
                 self.rollout_buffer.put_nowait(sample)
                 self.queued += 1
                 return
-            except queue.Full:  # the trainer is behind: wait for it (not a stall)
-                self._progress_at = time.time()
+            except queue.Full:  # the trainer is behind: wait for it
                 await asyncio.sleep(0.05)
 
     def _metric(self, values: dict[str, float]) -> None:
