@@ -26,6 +26,7 @@ import pytest
 
 from rlgate.integrations.episodes import Chain
 from rlgate.integrations.trl_async import group_advantages, rollout_sample
+from rlgate.train.config import GatewaySettings
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -328,3 +329,30 @@ def test_a_blocked_worker_loop_fails_the_health_check(tiny_model_dir, tmp_path):
         finally:
             release.set()
         rollout.stop()
+
+
+@pytest.mark.torch  # the in-process gateway imports the local engine, scripted or not
+@pytest.mark.slow
+def test_a_multi_turn_episode_is_one_sample_with_context_between_its_turns(tiny_tokenizer_dir, tokenizer, tmp_path):
+    """Calculator agent, scripted engine: the tool call and the answer are trained, the tool result is context."""
+    from rlgate.demo.calculator_agent import CalculatorAgent
+    from rlgate.integrations.trl_async import AsyncAgentRollout
+
+    items = {"What is 2 + 3?": {"question": "What is 2 + 3?", "answer": "5"}}
+    with AsyncAgentRollout.open(CalculatorAgent(), tiny_tokenizer_dir, prompts=list(items), num_generations=2,
+                                data_for=items.__getitem__, gateway=GatewaySettings(engine="scripted"),
+                                out_dir=tmp_path) as rollout:
+        rollout.start()
+        samples = _take(rollout.rollout_buffer, 2)
+        rollout.stop()
+    for s in samples:
+        ids, mask = s.input_ids.tolist(), s.completion_mask.tolist()
+        n = mask.index(1)
+        generated = tokenizer.decode([t for t, m in zip(ids[n:], mask[n:], strict=True) if m])
+        between = tokenizer.decode([t for t, m in zip(ids[n:], mask[n:], strict=True) if not m])
+        assert "<tool_call>" in generated and "Done." in generated and "<tool_response>" not in generated
+        assert "<tool_response>" in between and 0 in mask[n:]
+        assert all(lp == 0.0 for lp, m in zip(s.old_log_probs.tolist(), mask, strict=True) if not m)
+    # the scripted engine plays both episodes alike: equal rewards, no preference in the group
+    assert samples[0].metrics["reward"] == samples[1].metrics["reward"]
+    assert [s.advantage for s in samples] == [0.0, 0.0] and samples[0].group_id == samples[1].group_id
