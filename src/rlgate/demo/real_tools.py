@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rlgate.demo.calculator_agent import CALCULATOR_TOOL
 from rlgate.demo.device import check_device
@@ -68,6 +68,10 @@ class RealToolsSettings(DemoSettings):
     group_size: int = 8
     groups_per_step: int = 4
     lr: float = 3e-5
+    # cosine decay to 0 at the last step: with a constant lr, seed 2 collapsed at step 7 (train reward 0.94 -> 0.0, a
+    # one-character format slip everywhere): once nearly every episode scores 1 the gradient is mostly noise, and
+    # AdamW takes a full-size step along it (2026-12-03)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "cosine"
     max_tokens: int = 40
     max_turns: int = 3
     concurrency: int = 32
@@ -116,7 +120,8 @@ def demo_config(settings: RealToolsSettings, *, model_dir: Path, out: Path, url:
         agent_kwargs={"model": "policy", "max_tokens": settings.max_tokens, "max_turns": settings.max_turns,
                       "system": system, "reward": "tool_round"},
         steps=settings.steps, seed=seed, checkpoint_every=settings.steps or 1, keep_checkpoints=1, resume=False,
-        grpo=GRPOConfig(lr=settings.lr, groups_per_step=settings.groups_per_step, max_staleness=0,
+        grpo=GRPOConfig(lr=settings.lr, lr_schedule=settings.lr_schedule, groups_per_step=settings.groups_per_step,
+                        max_staleness=0,
                         scale_adv_by_std=False, micro_batch_size=settings.micro_batch_size, pad_token_id=0,
                         device=device),
         train=ModelSettings(dtype="bfloat16" if settings.dtype == "bfloat16" else "float32"),
