@@ -55,7 +55,7 @@ OPTIONAL_IMPORTS = {"wandb", "mlflow", "verl"}
 
 
 def test_every_import_of_the_package_is_declared_and_every_declaration_used():
-    runtime = _declared("local", "train", "sdk", "demo", "cluster")
+    runtime = _declared("local", "train", "sdk", "demo", "cluster", "trl")
     files = sorted(SRC.rglob("*.py"))
     testing = SRC / "testing"  # helpers for tests (tiny family checkpoints): the test extra may serve them
     imported = _dists_of(_third_party_imports([f for f in files if testing not in f.parents]) - OPTIONAL_IMPORTS)
