@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -48,6 +51,24 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600.0) -> No
             pass
         time.sleep(0.1)
     raise TimeoutError(f"{url} did not become healthy")
+
+
+@contextlib.contextmanager
+def serve_gateway(model, *extra: str, engine: str = "local") -> Iterator[str]:
+    """``rlgate serve`` in another process on a free 127.0.0.1 port (admin key ``ADMIN_KEY``, store in
+    memory); yields its URL once healthy, and stops it on the way out."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(model), "--engine", engine,
+                             "--port", str(port), "--log-level", "warning", "--store", ":memory:", *extra],
+                            env={**os.environ, "RLGATE_ADMIN_KEY": ADMIN_KEY}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_healthy(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(60)
 
 
 async def eventually(condition: Callable[[], Any], *, timeout: float = 600.0, interval: float = 0.01,

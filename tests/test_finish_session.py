@@ -211,8 +211,7 @@ async def test_the_runner_finishes_in_one_call_with_the_same_samples(gateway):
     async with GatewayClient(gateway, ADMIN_KEY) as client:
         got = []
         for fused in (True, False):
-            runner = RolloutRunner(client, Agent(), group_size=2, export_style="concat")
-            runner.fused_finish = fused
+            runner = RolloutRunner(client, Agent(), group_size=2, export_style="concat", fused_finish=fused)
             before = (await client.metrics())["sessions_exported"]
             group = await runner.group("g", {})
             assert all(e.ok for e in group.episodes)

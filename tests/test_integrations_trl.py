@@ -12,15 +12,13 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from helpers import ADMIN_KEY, free_port, wait_healthy
+from helpers import ADMIN_KEY, serve_gateway
 from rlgate.demo.calculator_agent import CalculatorAgent
 from rlgate.integrations.episodes import Chain
 from rlgate.integrations.trl import TRLRollout, agent_reward, default_data_for, trl_batch
@@ -191,14 +189,7 @@ def test_weights_reach_a_gateway_elsewhere_through_update_weights(tiny_model_dir
     import torch
     from transformers import AutoModelForCausalLM
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir), "--engine",
-                             "local", "--port", str(port), "--log-level", "warning", "--store", ":memory:"],
-                            env={**os.environ, "RLGATE_ADMIN_KEY": ADMIN_KEY}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_healthy(url, proc)
+    with serve_gateway(tiny_model_dir) as url:
         monkeypatch.setenv("RLGATE_ADMIN_KEY", ADMIN_KEY)
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
         before = copy.deepcopy(model).eval()
@@ -218,9 +209,6 @@ def test_weights_reach_a_gateway_elsewhere_through_update_weights(tiny_model_dir
         assert _max_logprob_gap(before, first) < 1e-4 and _max_logprob_gap(model, second) < 1e-4
         assert _max_logprob_gap(before, second) > 1e-2
         assert len(list((tmp_path / "sync").iterdir())) <= 2  # gateway.sync_keep
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
 
 @pytest.mark.slow

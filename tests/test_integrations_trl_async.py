@@ -261,24 +261,14 @@ def test_a_worker_stopped_by_failures_fails_the_trainers_health_check(tiny_model
 def test_weights_reach_a_gateway_elsewhere_through_update_weights(tiny_model_dir, tmp_path, monkeypatch):
     """gateway.url: `rlgate serve` in another process; TRL's (name, tensor) stream becomes a checkpoint
     loaded through POST /rl/update_weights, and the next samples carry its version and its logprobs."""
-    import subprocess
-    import sys
-
     import torch
     from transformers import AutoModelForCausalLM
 
-    from helpers import ADMIN_KEY, free_port, wait_healthy
+    from helpers import ADMIN_KEY, serve_gateway
     from rlgate.integrations.trl_async import AsyncAgentRollout
     from rlgate.train.config import GatewaySettings
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_model_dir), "--engine",
-                             "local", "--port", str(port), "--log-level", "warning", "--store", ":memory:"],
-                            env={**os.environ, "RLGATE_ADMIN_KEY": ADMIN_KEY}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_healthy(url, proc)
+    with serve_gateway(tiny_model_dir) as url:
         monkeypatch.setenv("RLGATE_ADMIN_KEY", ADMIN_KEY)
         initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
         pushed = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
@@ -298,9 +288,6 @@ def test_weights_reach_a_gateway_elsewhere_through_update_weights(tiny_model_dir
         (checkpoint,) = (tmp_path / "sync").iterdir()
         assert {p.name for p in checkpoint.iterdir()} >= {"model.safetensors", "config.json"}
         assert _logprob_gap(pushed, samples) < 1e-4 and _logprob_gap(initial, samples) > 1e-2
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
 
 @pytest.mark.torch

@@ -170,6 +170,8 @@ class RolloutRunner:
         max_consecutive_failures: int = 32,
         ray_options: dict[str, Any] | None = None,
         collector: Any = None,
+        batch_starts: bool = True,
+        fused_finish: bool = True,
     ) -> None:
         """``max_consecutive_failures``: that many failed episodes in a row stop the run (0: never).
         ``ray_options``: mode ``ray`` only, the resource request of each episode's Ray task
@@ -177,7 +179,12 @@ class RolloutRunner:
         :class:`~rlgate.cluster.collector.Collector`; episodes then get their export from it (one
         stream per replica) instead of exporting their session themselves. The collector takes a
         session's export the moment it ends, so its rewards are set before: a ``reward_fn``, which
-        scores the ended episode, does not combine with a collector (ValueError)."""
+        scores the ended episode, does not combine with a collector (ValueError).
+        ``batch_starts``: the episodes starting together start their sessions in one call
+        (``/rl/start_sessions``, rollout/starts.py; an older gateway that lacks it gets one call per
+        episode); False: one call per episode. ``fused_finish``: without a reward function or a
+        collector an episode ends, is rewarded and exported in one control call
+        (``/rl/finish_session``); False: three (end, set_reward, export)."""
         if collector is not None and reward_fn is not None:
             raise ValueError("a reward function scores an ended episode, and the collector takes a session's export "
                              "as soon as it ends: with a collector, the agent's return value is the reward")
@@ -194,12 +201,8 @@ class RolloutRunner:
         self.max_consecutive_failures = max_consecutive_failures
         self._stop: TooManyFailures | None = None  # set by the failure that made the streak too long
         self.collector = collector
-        # without a reward function or a collector an episode ends, is rewarded and exported in one
-        # control call (/rl/finish_session) instead of three; False: the three (end, set_reward, export)
-        self.fused_finish = True
-        # the episodes starting together start their sessions in one call (/rl/start_sessions,
-        # rollout/starts.py), unless the gateway is a cluster router; False: one call per episode
-        self.batch_starts = True
+        self.fused_finish = fused_finish
+        self.batch_starts = batch_starts  # set False on the first 404/405 from an older gateway
         self._starts = BatchedStarts(client)
         self.counters = RolloutCounters()
         self._sem = asyncio.Semaphore(concurrency)

@@ -108,8 +108,8 @@ def make_runner(cfg: TrainConfig, client: Any, agent: Any, reward_fn: Any) -> An
                            episode_timeout=r.episode_timeout, mode="ray" if cfg.ray is not None else r.mode,
                            export_style=r.export_style, discount=r.discount, reward_fn=reward_fn,
                            reward_range=r.reward_range, max_consecutive_failures=r.max_consecutive_failures,
-                           ray_options=cfg.ray.episode if cfg.ray is not None else None)
-    runner.batch_starts, runner.fused_finish = r.batch_starts, r.fused_finish
+                           ray_options=cfg.ray.episode if cfg.ray is not None else None,
+                           batch_starts=r.batch_starts, fused_finish=r.fused_finish)
     return runner
 
 
