@@ -37,18 +37,23 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--candidate-steps", type=int, default=d.candidate_steps,
                    help="training steps between two canary candidates")
+    p.add_argument("--until-learned", action="store_true",
+                   help="end learning once two windows in a row are above the before by > 3 standard errors and "
+                        "a candidate was promoted (--learn-seconds is then the ceiling), then serve one fresh window "
+                        "as the after (what tests/test_online_simulation.py runs)")
     p.add_argument("--json", default=None, help="write the whole result here")
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     settings = ProofSettings(learn_seconds=a.learn_seconds, window=a.window, before=a.before, max_chars=a.max_chars,
-                             seed=a.seed, candidate_steps=a.candidate_steps)
+                             seed=a.seed, candidate_steps=a.candidate_steps, until_learned=a.until_learned)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     r = main_async(out, settings)
     b, f = r.before, r.after
     print(f"\napproval before: {b['approval']:.1%} ± {b['stderr']:.1%} (n={b['n']:.0f}, version 0)")
-    print(f"approval after:  {f['approval']:.1%} ± {f['stderr']:.1%} (n={f['n']:.0f}, last window)")
+    print(f"approval after:  {f['approval']:.1%} ± {f['stderr']:.1%} (n={f['n']:.0f}, "
+          f"{'a fresh window after the condition held' if r.learned else 'last window'})")
     print(f"difference: {f['approval'] - b['approval']:+.1%} ± {(b['stderr'] ** 2 + f['stderr'] ** 2) ** 0.5:.1%}")
     print("\n| t (s) | approval | ± | stable | canary | steps | group samples | feedback samples |")
     print("|---|---|---|---|---|---|---|---|")

@@ -19,8 +19,11 @@ def test_window_rate_and_standard_error() -> None:
 def test_users_approval_rises_and_a_bad_checkpoint_is_rolled_back(tmp_path) -> None:
     from rlgate.demo.online import ProofSettings, main_async
 
-    r = main_async(tmp_path, ProofSettings(before=96, window=96, learn_seconds=150.0, bad_max_conversations=800,
-                                           concurrency=16, candidate_steps=4))
+    # learning goes on until a window shows it (and a candidate was promoted), within a ceiling that only
+    # a stuck run reaches; the "after" is one more window, served after the condition held
+    r = main_async(tmp_path, ProofSettings(before=96, window=96, learn_seconds=1800.0, until_learned=True,
+                                           bad_max_conversations=800, concurrency=16, candidate_steps=4))
+    assert r.learned, r.curve
     before, after = r.before, r.after
     # the users' approval rose by more than twice its standard error
     se = (before["stderr"] ** 2 + after["stderr"] ** 2) ** 0.5

@@ -45,7 +45,11 @@ class ProofSettings:
     max_tokens: int = 8
     before: int = 192  # conversations served by version 0 only
     window: int = 192  # conversations per report line; the last one is the "after"
-    learn_seconds: float = 300.0  # the learning phase's length
+    learn_seconds: float = 300.0  # the learning phase's length (with until_learned: its ceiling)
+    # end the learning phase once two windows in a row are above the "before" by more than three standard
+    # errors and the canary has promoted a candidate, then serve one fresh window as the "after" (the windows
+    # that stopped it would be a biased pick); the test waits on this condition, not on a clock
+    until_learned: bool = False
     bad_max_conversations: int = 1200  # the canary must decide on the bad checkpoint within this many
     concurrency: int = 16
     lr: float = 1e-3
@@ -68,6 +72,7 @@ class ProofResult:
     bad_version: int | None = None
     bad_decision: dict[str, Any] | None = None  # the canary's decision on the bad checkpoint
     bad_conversations: int = 0  # conversations it took
+    learned: bool = False  # with until_learned: the condition ended the learning phase (not the ceiling)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     online: dict[str, Any] = field(default_factory=dict)  # /rl/online at the end
     seconds: float = 0.0
@@ -138,9 +143,13 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
             trainer.publishing = True  # read by the trainer at its next step (the feedback keeps coming)
             learn_end = time.perf_counter() + s.learn_seconds
             last = before
-            while time.perf_counter() < learn_end:
+            learned, above = False, 0
+            while time.perf_counter() < learn_end and not learned:
                 last = await users.run(s.window, concurrency=s.concurrency)
                 snap = (await http.get("/rl/online")).json()
+                above = above + 1 if _rose(before, last, 3.0) else 0
+                learned = s.until_learned and above >= 2 and any(
+                    d["action"] == "promote" and d["by"] == "auto" for d in snap["canary"]["decisions"])
                 line = {"t_s": round(time.perf_counter() - t0, 1), **_rate(last),
                         "stable": snap["canary"]["stable_version"], "canary": snap["canary"]["canary_version"],
                         "steps": snap["trainer"]["steps"], "group_samples": snap["trainer"]["received_group_samples"],
@@ -148,6 +157,9 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
                 result.curve.append(line)
                 log(f"  {line['t_s']:6.0f} s  approval {last}  stable v{line['stable']}  canary "
                     f"{'v' + str(line['canary']) if line['canary'] is not None else '-'}  steps {line['steps']}")
+            if learned:  # an unbiased "after": a window the stopping rule did not look at
+                last = await users.run(s.window, concurrency=s.concurrency)
+            result.learned = learned
             result.after = _rate(last)
             log(f"after: approval {last}")
             # ---------------------------------------------------------------- 3. a bad checkpoint
@@ -177,6 +189,11 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
             result.decisions = snap["canary"]["decisions"]
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _rose(before: Window, after: Window, errors: float) -> bool:
+    """``after``'s approval is above ``before``'s by more than ``errors`` standard errors of the difference."""
+    return after.rate - before.rate > errors * (before.stderr ** 2 + after.stderr ** 2) ** 0.5
 
 
 def main_async(out_dir: Path, settings: ProofSettings) -> ProofResult:
