@@ -126,11 +126,13 @@ def test_the_demo_end_to_end_with_tiny_settings(tmp_path):
 @pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.timeout(1800)
-def test_ctrl_c_in_a_terminal_stops_the_demo_with_one_line_and_its_gateway(tmp_path):
+def test_ctrl_c_in_a_terminal_stops_the_demo_with_one_line_and_its_gateway(tiny_model_dir, tmp_path):
     """A terminal's Ctrl+C reaches the whole foreground process group. It used to reach the demo's
     gateway subprocess too, so the episodes in flight each failed with a ReadError (one printed with its
     traceback) before the demo's own KeyboardInterrupt traceback. Now: one line, exit 130, the gateway
-    stopped by the demo (its port closed), nothing left running."""
+    stopped by the demo (its port closed), nothing left running. The demo runs the default (real-model)
+    path on the toy's checkpoint directory: its gateway and episodes start at once, where ``--model tiny``
+    first spends minutes on a warm start (the same command code and gateway start either way)."""
     import os
     import re
     import signal
@@ -141,14 +143,15 @@ def test_ctrl_c_in_a_terminal_stops_the_demo_with_one_line_and_its_gateway(tmp_p
 
     # SIGINT as a terminal delivers it: pytest-xdist's workers ignore SIGINT, and an ignored signal is
     # inherited across exec (Python then installs no KeyboardInterrupt handler), so restore the default
-    proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "demo", "--model", "tiny", "--out", str(tmp_path)],
+    proc = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "demo", "--model", str(tiny_model_dir),
+                             "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: list[str] = []
     assert proc.stdout is not None
     url = None
     try:
-        deadline = time.monotonic() + 1500  # the tiny model's warm start first
+        deadline = time.monotonic() + 1500
         while url is None:
             line = proc.stdout.readline()
             assert line or proc.poll() is None, "".join(lines)
