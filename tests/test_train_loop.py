@@ -95,6 +95,11 @@ async def test_staleness_one_trains_on_at_most_one_version_behind(tiny_model_dir
     assert max(lags) <= 1
     assert 1 in lags  # rollout ran ahead: the decoupled (stale) path was used
     assert all(h["dropped_stale_samples"] == 0 for h in state.history)
+    # throughput is per second of the step: a batch generated during the previous step waits ~0 s (rollout_s),
+    # and tokens per second of that wait printed "tok/s 4,228,503" in CI
+    for h in state.history:
+        assert h["generated_tokens"] > 0 and h["tokens_per_s"] == pytest.approx(h["generated_tokens"] / h["step_s"])
+        assert h["tokens_per_s"] <= h["generated_tokens"] / (h["train_s"] + h["sync_s"])
 
 
 def _sample(versions, reward):

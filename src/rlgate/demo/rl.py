@@ -204,7 +204,7 @@ class DemoHooks(Hooks):
         m = result.metrics
         if self.exporter is not None:
             await self.exporter.step(step, {**m, "eval_accuracy": self.last_acc}, run.state.version)
-        tps = m["generated_tokens"] / max(m["rollout_s"], 1e-9)
+        tps = m.get("tokens_per_s", 0.0)
         self.progress.update(self.bar, advance=1, description=(
             f"step {step}  reward {m['reward']:.2f}  acc {self.last_acc:.1%}  {tps:,.0f} tok/s"))
 

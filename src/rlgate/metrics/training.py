@@ -28,6 +28,7 @@ HELP = {
     "episodes": "episodes used by the step",
     "failed_episodes": "episodes that failed during the step",
     "generated_tokens": "tokens generated for the step's episodes",
+    "tokens_per_s": "tokens generated for the step's episodes per second of the step's wall time",
     "stale_samples": "samples older than max_staleness, dropped",
     "eval_accuracy": "held-out accuracy at the last evaluation",
     "eval_reward": "mean reward at the last evaluation",

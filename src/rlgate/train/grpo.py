@@ -490,3 +490,6 @@ def _finish_metrics(metrics: dict[str, float], state: LoopState, stats: StepStat
         "rollout_s": t_rollout, "train_s": t_train, "sync_s": t_sync,
         "step_s": time.perf_counter() - t0,
     })
+    # per wall second of the step, not of ``rollout_s``: with rollouts overlapping training (max_staleness > 0)
+    # the wait for a batch generated during the previous step can be ~0 s, and tokens / wait is then absurd
+    metrics["tokens_per_s"] = stats.generated_tokens / max(metrics["step_s"], 1e-9)

@@ -55,7 +55,7 @@ class StdoutTracker:
         self._durations.append(metrics["step_s"])
         recent = self._durations[-10:]
         eta = (self.total - step) * sum(recent) / len(recent)
-        tps = metrics.get("generated_tokens", 0.0) / max(metrics.get("rollout_s", 0.0), 1e-9)
+        tps = metrics.get("tokens_per_s", 0.0)
         kl = metrics.get("kl_ref", 0.0) or metrics.get("approx_kl", 0.0)  # kl_ref when kl_coef > 0
         speed = format(tps, ",.0f" if tps >= 10 else ".2f")
         self.print(
