@@ -18,7 +18,9 @@ one update per batch, gradient checkpointing off:
 * ``rlgate``: ``rlgate train`` (``run_training``: in-process gateway, the demo's unmodified SDK
   agents, half Anthropic and half OpenAI, over HTTP on 127.0.0.1), on-policy (``max_staleness 0``);
 * ``rlgate-async``: the same with ``max_staleness 1``: rollout of the next step overlaps the
-  training step (off-policy tokens corrected by the recorded behaviour logprobs).
+  training step (off-policy tokens corrected by the recorded behaviour logprobs);
+* ``trl-rlgate`` (not run by default): TRL's ``GRPOTrainer`` with ``rlgate.integrations.trl``
+  playing the episodes through the gateway. Each row also gives the per-step mean entropy.
 
 Each (side, seed) runs in its own child process, sides interleaved seed by seed so that the
 machine's load falls on all of them alike. Per run: the median step time over steps 6..N and its
@@ -49,7 +51,10 @@ SIDES = ("rlgate", "rlgate-async", "trl")
 # not run by default: ``rlgate`` with the four control calls per episode of before issue 28's change
 # (start_session, end_session, set_reward, export each on its own; the runner's batch_starts and
 # fused_finish off), for a before/after in one run: --sides rlgate rlgate-4calls
-EXTRA_SIDES = ("rlgate-4calls",)
+# ``trl-rlgate``: TRL's GRPOTrainer (its loss, optimiser, sampler of prompts) with rlgate playing the
+# episodes (``rlgate.integrations.trl.TRLRollout``: the SDK agents through the gateway and the engine):
+# the adapter a TRL user would run, and the bisection between the two loops
+EXTRA_SIDES = ("rlgate-4calls", "trl-rlgate")
 
 
 def settings(model: str) -> dict[str, Any]:
@@ -151,7 +156,8 @@ def run_rlgate(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout:
     asyncio.run(run_training(cfg, Measure(), stdout=False))
     history = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return {"history": [{"step_s": h["step_s"], "rollout_s": h["rollout_s"], "train_s": h["train_s"] + h["sync_s"],
-                         "tokens": h["generated_tokens"], "reward": h["reward"]} for h in history],
+                         "tokens": h["generated_tokens"], "reward": h["reward"], "entropy": h.get("entropy")}
+                        for h in history],
             "accuracy_before": got["before"], "accuracy_after": got["after"], "loop_wall_s": got["loop_wall_s"],
             "loop_cpu_s": got["loop_cpu_s"]}
 
@@ -160,7 +166,7 @@ def run_rlgate(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout:
 
 
 def run_trl(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout: list[dict[str, Any]],
-            model: str, seed: int, steps: int) -> dict[str, Any]:
+            model: str, seed: int, steps: int, rlgate_rollout: bool = False) -> dict[str, Any]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -181,6 +187,16 @@ def run_trl(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout: li
         raise SystemExit("TRL's prompt ids differ from the gateway's: the comparison would not be fair")
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": it["question"]}], "answer": it["answer"],
                                "format": it.get("format", "")} for it in train])
+    rollout: Any = None
+    if rlgate_rollout:  # the prompt column is the question; the episode's data is looked up by it
+        from rlgate.demo.agents import EitherSDKMathAgent
+        from rlgate.integrations.trl import TRLRollout
+
+        by_question = {it["question"]: it for it in train}
+        data = Dataset.from_list([{"prompt": it["question"]} for it in train])
+        rollout = TRLRollout.start(EitherSDKMathAgent(model="policy", max_tokens=s["max_tokens"]), model_dir,
+                                   data_for=by_question.__getitem__, seed=seed, out_dir=out / f"trl-rlgate-{seed}",
+                                   concurrency=s["groups"] * s["group_size"])
 
     def reward(completions: list[Any], answer: list[str], format: list[str], **_: Any) -> list[float | None]:  # noqa: A002
         out: list[float | None] = []
@@ -218,15 +234,26 @@ def run_trl(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout: li
         def on_step_end(self, *a: Any, **k: Any) -> None:
             times["step"].append(time.perf_counter() - self.t)
 
-    trainer = Trainer(model=policy, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
-                      callbacks=[Clock()])
+    if rollout is not None:
+        from rlgate.integrations.trl import agent_reward
+
+        trainer = Trainer(model=policy, reward_funcs=agent_reward, args=args, train_dataset=data,
+                          processing_class=tok, callbacks=[Clock()], rollout_func=rollout)
+    else:
+        trainer = Trainer(model=policy, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
+                          callbacks=[Clock()])
     t0, cpu0 = time.perf_counter(), time.process_time()
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        if rollout is not None:
+            rollout.close()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     after = greedy_accuracy(trainer.model, model_dir, heldout, s["max_tokens"])
     logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
     history = [{"step_s": st, "rollout_s": g, "train_s": st - g, "tokens": lg["completions/mean_length"] * n,
-                "reward": lg["reward"]} for st, g, lg in zip(times["step"], times["gen"], logs, strict=False)]
+                "reward": lg["reward"], "entropy": lg.get("entropy")}
+               for st, g, lg in zip(times["step"], times["gen"], logs, strict=False)]
     return {"history": history, "accuracy_before": before, "accuracy_after": after, "loop_wall_s": wall,
             "loop_cpu_s": cpu}
 
@@ -245,7 +272,8 @@ def summarise(side: str, seed: int, res: dict[str, Any]) -> dict[str, Any]:
             "loop_s": sum(x["step_s"] for x in h), "cpu_s_per_step": res["loop_cpu_s"] / max(len(h), 1),
             "accuracy_before": res["accuracy_before"],
             "accuracy_after": res["accuracy_after"], "reward_last5": statistics.fmean(x["reward"] for x in h[-5:]),
-            "rewards": [round(x["reward"], 3) for x in h]}
+            "rewards": [round(x["reward"], 3) for x in h],
+            "entropy": [None if x.get("entropy") is None else round(x["entropy"], 2) for x in h]}
 
 
 def child(args: argparse.Namespace, out: Path) -> None:
@@ -254,8 +282,9 @@ def child(args: argparse.Namespace, out: Path) -> None:
     torch.manual_seed(args.seed)
     model_dir, train, heldout = prepare(out, args.model)
     extra = json.loads(args.extra) if args.extra else {}
-    if args.child == "trl":
-        res = run_trl(out, model_dir, train, heldout, args.model, args.seed, args.steps)
+    if args.child in ("trl", "trl-rlgate"):
+        res = run_trl(out, model_dir, train, heldout, args.model, args.seed, args.steps,
+                      rlgate_rollout=args.child == "trl-rlgate")
     else:
         res = run_rlgate(out, model_dir, train, heldout, args.model, args.seed, args.steps,
                          1 if args.child == "rlgate-async" else 0, extra, four_calls=args.child == "rlgate-4calls")
