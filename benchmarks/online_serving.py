@@ -7,7 +7,9 @@ alternate the variants so that load changes hit them alike:
   ``X-Conversation-Id`` (a session per conversation) vs with a tenant key and no header (the tenant's
   shared session, parent matching): conversations of 10 turns, each turn extending the one before;
 * ``POST /v1/feedback`` (a thumbs on a turn): CPU and wall time per request;
-* deleting sessions from the store with ``PRAGMA secure_delete`` on (as shipped) and off.
+* deleting sessions from the store with ``PRAGMA secure_delete`` on (as shipped) and off;
+* what a deletion request waits for: its writes made durable, and the WAL checkpointed and truncated
+  (``forget_deleted``, as shipped) or not.
 
     python benchmarks/online_serving.py [--requests 200] [--rounds 3]
 """
@@ -118,6 +120,34 @@ def deletes(directory: Path, sessions: int, secure: bool) -> float:
     return took
 
 
+def deletion_requests(directory: Path, sessions: int, forget: bool) -> tuple[float, float]:
+    """What a deletion request waits for, ms per deleted session (as ``deletes``): its writes made durable
+    (flush), then - with ``forget`` - the WAL checkpointed and truncated (``forget_deleted``); and the longest
+    time a truncation held the write connection (a commit on the event loop meanwhile waits that long)."""
+    store = SQLiteStore(directory / f"f-{forget}.sqlite")
+    for s in range(sessions):
+        store.save_session(Session(id=f"s{s}", task_id="t", key_hash="0" * 64))
+        parent = None
+        for t in range(5):
+            i = Interaction(id=f"s{s}-{t}", session_id=f"s{s}", api="chat", messages=[], tools=[],
+                            prompt_ids=list(range(600 * (t + 1))), parent_id=parent, status="completed",
+                            output_ids=list(range(40)), output_logprobs=[0.0] * 40, output_versions=[0] * 40)
+            store.save_interaction(i)
+            parent = i.id
+    store.flush()
+    longest = 0.0
+    t0 = time.perf_counter()
+    for s in range(sessions):
+        store.delete_session(f"s{s}")
+        store.flush()
+        if forget:
+            store.forget_deleted()
+            longest = max(longest, store._commits.truncation_lock_s)
+    took = (time.perf_counter() - t0) * 1000 / sessions
+    store.close()
+    return took, longest * 1000
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=200)
@@ -138,6 +168,11 @@ def main() -> None:
                  for _ in range(args.rounds)]
         print("delete a session (5 turns), ms: secure_delete on " + " / ".join(f"{a:.3f}" for a, _ in pairs)
               + "; off " + " / ".join(f"{b:.3f}" for _, b in pairs))
+        fw = [(deletion_requests(Path(d), args.sessions // 3, True), deletion_requests(Path(d), args.sessions // 3, False))
+              for _ in range(args.rounds)]
+        print("a deletion request's wait, ms per session: durable + WAL truncated " + " / ".join(
+            f"{a[0]:.3f} (longest truncation {a[1]:.1f})" for a, _ in fw) + "; durable only " + " / ".join(
+            f"{b[0]:.3f}" for _, b in fw))
         print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 

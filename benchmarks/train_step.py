@@ -189,11 +189,18 @@ def time_variants(model_dir: Path, last: dict, repeats: int, micro: int) -> list
     batch = to_padded_tensors(samples)
     loss_tokens = int(batch["loss_mask"].sum())
 
-    def grpo(trim: bool = True, dtype: torch.dtype = torch.float32, checkpointing: bool = False):
+    def grpo(trim: bool = True, dtype: torch.dtype = torch.float32, checkpointing: bool = False, share: bool = True,
+             autocast: bool = False, lora: int = 0):
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        trainer = GRPOTrainer(model, GRPOConfig(lr=1e-5, micro_batch_size=micro, device="cpu", trim_logits=trim))
+        if lora:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=lora, lora_alpha=2 * lora, target_modules="all-linear",
+                                                     task_type="CAUSAL_LM"))
+        trainer = GRPOTrainer(model, GRPOConfig(lr=1e-5, micro_batch_size=micro, device="cpu", trim_logits=trim,
+                                                share_prompt=share), autocast="bfloat16" if autocast else None)
         return lambda: trainer.step(samples, gids, version)
 
     def bare(autocast: bool = False):
@@ -215,9 +222,14 @@ def time_variants(model_dir: Path, last: dict, repeats: int, micro: int) -> list
             opt.zero_grad(set_to_none=True)
         return step
 
-    variants = {"bare fwd+bwd+AdamW": bare(), "GRPO step (trimmed logits)": grpo(),
-                "GRPO step, every logit": grpo(trim=False), "bare, bf16 autocast": bare(autocast=True),
+    variants = {"bare fwd+bwd+AdamW": bare(), "GRPO step (the default: shared prompt, trimmed logits)": grpo(),
+                "GRPO step, every prompt run": grpo(share=False),
+                "GRPO step, every prompt run, every logit": grpo(share=False, trim=False),
+                "bare, bf16 autocast": bare(autocast=True),
+                "GRPO step, train.dtype mixed (bf16 autocast)": grpo(autocast=True),
                 "GRPO step, bf16 weights": grpo(dtype=torch.bfloat16),
+                "GRPO step, LoRA r=16": grpo(lora=16),
+                "GRPO step, LoRA r=16, mixed": grpo(lora=16, autocast=True),
                 "GRPO step, grad checkpointing": grpo(checkpointing=True)}
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
     for fn in variants.values():

@@ -5,7 +5,7 @@ the agent (``rlgate.demo.math_agent.MathAgent``, Anthropic SDK) plays every epis
 session, and ``rlgate.integrations.trl.TRLRollout`` hands TRL the recorded token ids, logprobs
 and rewards, then pushes TRL's weights to the engine before the next rollout::
 
-    python examples/trl_math_agent.py --out runs/trl-math --steps 30
+    python examples/trl_math_agent.py --out runs/trl-math --steps 30 --port 8000
     python examples/trl_math_agent.py --model demo-out/warm-start-math-seed0   # the demo's warm start
 
 Without ``--model`` it builds the tiny random-weight model (``rlgate tiny-model``) in OUT/model:
@@ -47,12 +47,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-tokens", type=int, default=8, help="the agent's max_tokens per reply")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--port", type=int, default=None, help="the gateway's port on 127.0.0.1 (default: a free one)")
     args = p.parse_args(argv)
 
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
+    from rlgate import GatewaySettings
     from rlgate.demo.math_agent import MathAgent
     from rlgate.integrations.trl import TRLRollout, agent_reward
 
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         dataloader_num_workers=0,
         bf16=False)  # TRL's default autocasts to bfloat16: its logprobs would then differ from the engine's float32
     rollout = TRLRollout.start(MathAgent(max_tokens=args.max_tokens), model_dir, data_for=items.__getitem__,
-                               seed=args.seed, out_dir=out)
+                               seed=args.seed, out_dir=out, gateway=GatewaySettings(port=args.port))
     try:
         trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
                               processing_class=AutoTokenizer.from_pretrained(model_dir), args=config,

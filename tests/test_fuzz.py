@@ -23,7 +23,8 @@ from helpers import ADMIN_KEY
 EXAMPLES = int(os.environ.get("RLGATE_FUZZ_EXAMPLES", "8"))
 
 ADMIN_ROUTES = {"/grant_capacity", "/rl/start_session", "/rl/start_sessions", "/export_trajectories",
-                "/rl/finish_session", "/rl/update_weights", "/rl/metrics", "/rl/collect", "/metrics"}
+                "/rl/finish_session", "/rl/update_weights", "/rl/metrics", "/rl/collect", "/metrics",
+                "/rl/policies", "/rl/policies/unload"}
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ OPERATIONS = [
     ("POST", "/grant_capacity"), ("POST", "/rl/start_session"), ("POST", "/rl/start_sessions"),
     ("POST", "/rl/end_session"), ("POST", "/rl/set_reward"), ("POST", "/export_trajectories"),
     ("POST", "/rl/finish_session"), ("POST", "/rl/collect"),
-    ("POST", "/rl/update_weights"),
+    ("POST", "/rl/update_weights"), ("POST", "/rl/policies"), ("GET", "/rl/policies"), ("POST", "/rl/policies/unload"),
     ("GET", "/rl/metrics"), ("GET", "/metrics"), ("GET", "/health"), ("GET", "/v1/models"), ("GET", "/models"),
     ("POST", "/chat/completions"), ("POST", "/v1/chat/completions"), ("POST", "/responses"),
     ("POST", "/v1/responses"), ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"),

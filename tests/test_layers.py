@@ -49,6 +49,7 @@ RANKS: dict[str, float] = {
     "demo": 15,
     "integrations": 15,  # adapters for other trainers (TRL, verl): on the rollout runner and weight sync
     "cli": 16,
+    "cli_cluster": 15,
     "__init__": 16,
     "__main__": 16,
 }

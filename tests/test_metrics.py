@@ -22,7 +22,7 @@ from rlgate.store.base import MemoryStore
 from rlgate.store.sqlite import SQLiteStore
 from wire import chat
 
-GUARDS = [s.name for s in guard_specs(GatewayConfig(admin_key="x" * 40))]
+GUARDS = [s.name for s in guard_specs(GatewayConfig(admin_key="x" * 40))] + ["weight_check"]
 GUARD_METRICS = [
     "rlgate_tool_parse_attempts", "rlgate_tool_parse_failures", "rlgate_unparsed_tool_markup_replies",
     "rlgate_empty_replies", "rlgate_forks", "rlgate_unaligned_turns", "rlgate_exported_samples_without_reward",

@@ -42,8 +42,8 @@ def test_a_live_group_is_k_scored_replies_to_the_same_prompt(tokenizer) -> None:
         def shorter(s: Sample) -> float:  # a reward function: the scorer applies it to each reply
             return -float(s.generated_tokens)
 
-        groups = LiveGroups(OnlineOptions(group_fraction=1.0, group_size=4), engine, scorer_of(shorter), got.append,
-                            decode=tokenizer.decode)
+        groups = LiveGroups(OnlineOptions(group_fraction=1.0, group_size=4, reward_low=-10.0), engine,
+                            scorer_of(shorter), got.append, decode=tokenizer.decode)
         inter = _interaction(tokenizer)
         assert groups.offer(inter, SamplingParams(max_new_tokens=4), "conv-1", "tn-1")
         while groups.in_flight:

@@ -116,3 +116,10 @@ def test_no_build_artefacts_are_tracked():
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     strays = [f for f in tracked if f.endswith((".whl", ".egg-info", ".pyc", ".sqlite")) or "__pycache__" in f]
     assert strays == []
+
+
+def test_the_readmes_extras_table_names_every_extra_a_user_installs():
+    """Issue 40: the table omitted `trl` and `cluster` (the `test` extra is the suite's own)."""
+    table = (ROOT / "README.md").read_text().split("| `pip install ...` (in the clone) |", 1)[1].split("\n\n", 1)[0]
+    listed = set(re.findall(r"^\| `'\.\[(\w+)\]'` \|", table, flags=re.M))
+    assert listed == set(PYPROJECT["project"]["optional-dependencies"]) - {"test"}

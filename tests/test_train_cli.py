@@ -3,6 +3,7 @@ Ctrl-C, datasets in three formats, a reward function; and the config loader."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -178,7 +179,9 @@ def test_train_run_artifacts_check_eval_and_resume(work):
     assert "resuming from run/checkpoints/step-000002 (step 2)" in r.out
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1.0, 2.0, 3.0]
-    assert [m["version"] for m in metrics] == [1.0, 2.0, 3.0]  # the engine resumes at the checkpoint's version
+    # the engine resumes at the checkpoint's version; one version per applied update (a step without signal
+    # changes no weight, skip_no_signal_updates)
+    assert [m["version"] for m in metrics] == list(itertools.accumulate(m["updates"] for m in metrics))
     assert [json.loads(x)["step"] for x in (run / "evals.jsonl").read_text().splitlines()] == [0, 2, 3]  # once each
     assert (run / "checkpoints" / "latest").read_text() == "step-000003"
     assert [s for s, _ in _scalars(run / "tensorboard")["train/reward"]] == [1, 2, 3]

@@ -37,7 +37,8 @@ def test_a_step_with_trimmed_logits_is_the_step_with_all_of_them(tiny_model_dir)
     from transformers import AutoModelForCausalLM
 
     from rlgate.train.config import GRPOConfig
-    from rlgate.train.grpo import GRPOTrainer, _takes_logits_to_keep
+    from rlgate.train.forward import _takes_logits_to_keep
+    from rlgate.train.grpo import GRPOTrainer
     from rlgate.trajectory.sample import Sample
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -49,7 +50,7 @@ def test_a_step_with_trimmed_logits_is_the_step_with_all_of_them(tiny_model_dir)
     samples[0].loss_mask = [0, 0, 1, 1, 1]  # an earlier first generated token in one row
     results = {}
     for trim in (False, True):
-        cfg = GRPOConfig(lr=1e-3, device="cpu", micro_batch_size=4, trim_logits=trim, kl_coef=0.1)
+        cfg = GRPOConfig(lr=1e-3, device="cpu", micro_batch_size=4, trim_logits=trim, kl_coef=0.1, share_prompt=False)
         trainer = GRPOTrainer(copy.deepcopy(base), cfg)
         m1 = trainer.step(samples, ["g", "g", "g", "h", "h", "h"], 0)
         m2 = trainer.step(samples, ["g", "g", "g", "h", "h", "h"], 1)  # now stale: proximal logprobs too
@@ -110,7 +111,7 @@ def test_micro_batches_are_length_sorted_and_cut_to_their_longest_sample(tiny_mo
     results = {}
     for micro in (1, 2):
         trainer = GRPOTrainer(copy.deepcopy(base), GRPOConfig(lr=1e-3, device="cpu", micro_batch_size=micro,
-                                                              kl_coef=0.1))
+                                                              kl_coef=0.1, share_prompt=False))
         m1 = trainer.step(samples, groups, 0)
         m2 = trainer.step(samples, groups, 1)  # now stale: the proximal pass too
         results[micro] = (m1, m2, trainer.model.state_dict())
@@ -123,3 +124,83 @@ def test_micro_batches_are_length_sorted_and_cut_to_their_longest_sample(tiny_mo
         assert b2[key] == pytest.approx(a2[key], rel=1e-4, abs=1e-6), key
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", ["float32", "mixed"])
+def test_a_shared_prompt_runs_once_and_changes_no_number(tiny_model_dir, dtype):
+    """``grpo.share_prompt``: the prompt a group's samples share runs once (its cache expanded to the
+    group's completions, the backward flowing into it once per chunk). Same loss, metrics and updated
+    weights as one forward per sample, with a group split over several chunks, a group whose samples
+    differ in length, a lone sample and a sample whose prompt is too short to share; on- and
+    off-policy with a KL reference (the no-grad passes share too). ``forward_fraction`` counts the
+    positions run. Under ``train.dtype: mixed`` (bfloat16 autocast) the two agree to bfloat16's precision."""
+    from transformers import AutoModelForCausalLM
+
+    from rlgate.train.config import GRPOConfig
+    from rlgate.train.forward import can_share, plan_chunks
+    from rlgate.train.grpo import GRPOTrainer
+    from rlgate.trajectory.export import to_padded_tensors
+    from rlgate.trajectory.sample import Sample
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert can_share(base) == (True, "")
+
+    def sample(i: int, prompt: list[int], gen: int) -> Sample:
+        ids = prompt + [(7 * i + 3 * t) % 80 + 10 for t in range(gen)]
+        n = len(prompt)
+        return Sample(id=f"s{i}", input_ids=ids, loss_mask=[0] * n + [1] * gen, logprobs=[0.0] * n + [-3.0] * gen,
+                      versions=[-1] * n + [0] * gen, reward=float(i % 3 == 0))
+
+    p1 = [(11 * t) % 90 + 5 for t in range(20)]
+    p2 = [(13 * t) % 90 + 5 for t in range(14)]
+    samples = ([sample(i, p1, 3 + i % 4) for i in range(5)] + [sample(5 + i, p2, 4) for i in range(3)]
+               + [sample(8, p1[:12], 5), sample(9, p2[:6], 3)])
+    groups = ["a"] * 5 + ["b"] * 3 + ["c", "d"]
+    batch = to_padded_tensors(samples)
+    chunks = plan_chunks(batch, torch.arange(10), 2, share=True)
+    assert sorted(c.prefix for c in chunks) == [0, 13, 13, 19, 19, 19]  # p1: 3 chunks of <= 2, p2: 2, lone: 1
+    assert [(c.first, c.last) for c in chunks if c.prefix == 19] == [(True, False), (False, False), (False, True)]
+    results = {}
+    for share in (False, True):
+        trainer = GRPOTrainer(copy.deepcopy(base), GRPOConfig(lr=1e-3, device="cpu", micro_batch_size=2, kl_coef=0.1,
+                                                              share_prompt=share),
+                              autocast="bfloat16" if dtype == "mixed" else None)
+        m1 = trainer.step(samples, groups, 0)
+        m2 = trainer.step(samples, groups, 1)  # now stale: the proximal pass too
+        results[share] = (m1, m2, trainer.model.state_dict())
+    (a1, a2, wa), (b1, b2, wb) = results[False], results[True]
+    real = sum(len(s.input_ids) for s in samples)
+    assert b1["forward_fraction"] < 0.75 < a1["forward_fraction"]  # the prompts of groups a and b ran once
+    assert b1["pad_fraction"] >= 0 and b1["forward_fraction"] * real == pytest.approx(
+        sum((c.width - c.prefix) * len(c.rows) + (c.prefix if c.first else 0) for c in chunks))
+    tol = dict(rel=1e-4, abs=1e-6) if dtype == "float32" else dict(rel=0.05, abs=0.02)
+    for key in ("loss", "entropy", "approx_kl", "kl_ref", "grad_norm", "tokens"):
+        assert b1[key] == pytest.approx(a1[key], **tol), key
+        assert b2[key] == pytest.approx(a2[key], **tol), key
+    if dtype == "float32":
+        for k in wa:
+            torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=1e-5)
+    else:  # bfloat16 compute: the updates agree in direction
+        deltas = [(wa[k] - base.state_dict()[k]).flatten() for k in wa], [(wb[k] - base.state_dict()[k]).flatten()
+                                                                           for k in wb]
+        cos = torch.nn.functional.cosine_similarity(torch.cat(deltas[0]), torch.cat(deltas[1]), dim=0)
+        assert cos > 0.95
+
+
+@pytest.mark.torch
+def test_prompt_sharing_is_off_where_the_cache_would_not_hold_the_prompt(tiny_model_dir):
+    """Sliding-window layers and gradient checkpointing turn sharing off, saying why."""
+    from transformers import AutoModelForCausalLM
+
+    from rlgate.train.forward import can_share
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    getattr(model, "activation_checkpointing_enable", None or model.gradient_checkpointing_enable)()
+    ok, why = can_share(model)
+    assert not ok and "checkpointing" in why
+    sliding = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    sliding.config.layer_types = ["sliding_attention"] * sliding.config.num_hidden_layers
+    sliding.config.sliding_window = 4
+    ok, why = can_share(sliding)
+    assert not ok and "sliding_attention" in why

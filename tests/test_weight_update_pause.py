@@ -30,7 +30,8 @@ from rlgate.config import GatewayConfig
 from rlgate.server.runner import ServerThread
 
 MAX_TOKENS = 48
-CHUNK_DELAY = 0.01  # seconds per event from the fake inference servers (a stream lasts ~0.5 s)
+CHUNK_DELAY = 0.05  # seconds per event from the fake inference servers (a stream lasts ~2.4 s: the pause must
+# land mid-stream on a busy machine; at 0.01 s a stream once finished before a pause that took 0.3 s)
 
 # name: (engine kind, the inference server's pause mode). vLLM "keep" tags tokens when they arrive, so
 # a token produced just before the pause and read after the update could carry the new version: the

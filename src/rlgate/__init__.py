@@ -16,6 +16,7 @@ Public surface (everything else is internal and may change)::
       TooManyFailures
     Training
       TrainConfig, load_config, ConfigError               the run configuration (strict)
+      GatewaySettings                                     its gateway: section (also the trl adapter's)
       run_training, Hooks, TrainRun, EvalResult,          the loop wiring `rlgate train` and the demo use
       Interrupt                                           (Interrupt: stop a run from another thread)
       GRPOTrainer, GRPOConfig, grpo_loop, LoopState,      the GRPO trainer and loop (import torch)
@@ -93,6 +94,7 @@ _WHERE = {
     "AgentContractError": "rlgate.rollout.errors",
     "TooManyFailures": "rlgate.rollout.errors",
     "TrainConfig": "rlgate.train.config",
+    "GatewaySettings": "rlgate.train.config",
     "GRPOConfig": "rlgate.train.config",
     "ConfigError": "rlgate.train.config",
     "load_config": "rlgate.train.config",
@@ -127,6 +129,7 @@ __all__ = [
     "GatewayClient",
     "GatewayClientError",
     "GatewayConfig",
+    "GatewaySettings",
     "Group",
     "Hooks",
     "Interrupt",
@@ -140,6 +143,7 @@ __all__ = [
     "Store",
     "TooManyFailures",
     "TrainConfig",
+    "GatewaySettings",
     "TrainRun",
     "TrainingStalled",
     "WeightSync",

@@ -1,4 +1,4 @@
-"""``rlgate`` command line: serve, tiny-model, demo, train, check, eval, view, export."""
+"""rlgate command line: serve, tiny-model, demo, train, check, eval, view, export, models."""
 
 from __future__ import annotations
 
@@ -131,13 +131,15 @@ def online_training(model_dir: str, learning: Any, tokenizer: Any, engine_kwargs
     import torch
     from transformers import AutoModelForCausalLM
 
+    from rlgate.model import stop_token_ids
     from rlgate.train.online import build_online_training
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     try:
-        return build_online_training(model, learning, tokenizer, engine_kwargs=engine_kwargs)
-    except (ImportError, AttributeError, ValueError, TypeError) as exc:  # a --group-reward that does not load
-        raise SystemExit(f"rlgate: --group-reward: {exc}") from exc
+        return build_online_training(model, learning, tokenizer, engine_kwargs=engine_kwargs,
+                                     stop_token_ids=stop_token_ids(tokenizer, model_dir))
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:  # a --group-reward / --heldout-check
+        raise SystemExit(f"rlgate: --group-reward / --heldout-check: {exc}") from exc
 
 
 def build_app(args: argparse.Namespace, admin_key: str) -> Any:
@@ -163,7 +165,8 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
 
         try:
             engine = remote_engine(options.engine, from_arguments(RemoteOptions, args),
-                                   fallback_context=config.context_length or context_length(args.model))
+                                   fallback_context=config.context_length or context_length(args.model),
+                                   weight_check_tolerance=options.weight_check_tolerance)
         except ValueError as exc:
             raise SystemExit(f"rlgate: {exc}") from exc
     else:
@@ -175,7 +178,8 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
             raise SystemExit(f"rlgate: --engine local: {exc}") from exc
         engine_kwargs: dict[str, Any] = {"device": options.device, "max_batch_size": options.max_batch_size,
                                          "max_context_length": config.context_length,
-                                         "max_rows_per_session": options.max_rows_per_session}
+                                         "max_rows_per_session": options.max_rows_per_session,
+                                         "weight_check_tolerance": options.weight_check_tolerance}
         if learning is not None:  # two engines (stable + canary) and the trainer: train/online.py
             training = online_training(args.model, learning, tokenizer, engine_kwargs)
             engine = training.engines
@@ -201,8 +205,13 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
 
         attach_online_training(app, training)
     gen = app.state.gateway.generation
-    print(f"rlgate: model family {gen.family.title} ({gen.family.name}); renderer {gen.renderer.name}; "
-          f"tool parser {gen.tool_parser or 'none'}; reasoning parser {gen.reasoning_parser or 'none'}", flush=True)
+    unseen = [p for p in gen.template_support.missing() if p != "images"]
+    print(f"rlgate: serving {gen.config.model_name}: model family {gen.family.title} ({gen.family.name}); "
+          f"renderer {gen.renderer.name}; "
+          f"tool parser {gen.tool_parser or 'none'}; reasoning parser {gen.reasoning_parser or 'none'}"
+          + (f"; its chat template does not render {', '.join(unseen)} (requests carrying them are answered with "
+             "x-rlgate-template-dropped" + ("; --tool-prompt auto describes tools" if "tools" in unseen else "")
+             + ")" if unseen else ""), flush=True)
     return app
 
 
@@ -276,92 +285,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.replicas > 0:
         announce()
-        return serve_cluster(args, admin_key)
+        from rlgate.cli_cluster import serve_cluster
+
+        return serve_cluster(args, gateway_config(args, admin_key))
     app = build_app(args, admin_key)
     announce()
     from rlgate.server.serve import serve
 
     return serve(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log,
                  shutdown_timeout=args.shutdown_timeout)
-
-
-def engine_spec(args: argparse.Namespace, replicas: int) -> Any:
-    """What each replica builds (``rlgate.cluster.engines``) from ``rlgate serve``'s engine flags."""
-    from rlgate.cluster.engines import FakeEngineSpec, LocalEngineSpec, RemoteEngineSpec
-    from rlgate.model import context_length
-
-    if args.engine == "fake":
-        return FakeEngineSpec(output_tokens=args.fake_output_tokens, token_delay=args.fake_token_delay,
-                              max_context_length=args.context_length or context_length(args.model) or 32768)
-    if args.engine == "local":
-        return LocalEngineSpec(str(Path(args.model).resolve()), device=args.device,
-                               max_batch_size=args.max_batch_size, max_context_length=args.context_length)
-    from rlgate.engine.remote.factory import engine_kwargs
-    from rlgate.engine.remote.options import RemoteOptions
-
-    if not args.backend_url:
-        raise SystemExit(f"rlgate: --engine {args.engine} needs at least one --backend-url")
-    urls = list(args.backend_url)
-    # replica i drives the backends i, i+N, ...; with fewer backends than replicas they are shared
-    shares = [urls[i::replicas] or [urls[i % len(urls)]] for i in range(replicas)]
-    return RemoteEngineSpec(args.engine, shares, engine_kwargs(
-        args.engine, from_arguments(RemoteOptions, args),
-        fallback_context=args.context_length or context_length(args.model)))
-
-
-def serve_cluster(args: argparse.Namespace, admin_key: str) -> int:
-    """``rlgate serve --replicas N``: N replicas on Ray, this process runs the router."""
-    from rlgate.cluster.launch import Cluster
-    from rlgate.cluster.replica import ReplicaSpec
-    from rlgate.server.serve import KEEP_ALIVE_S
-    from rlgate.store import default_data_dir
-
-    cfg = from_arguments(ClusterConfig, args)
-    if args.store not in (None, ":memory:"):
-        raise SystemExit("rlgate: with --replicas each replica keeps its own store under --data-dir "
-                         "(DATA_DIR/replica-<i>/rlgate.sqlite); --store accepts only ':memory:' there")
-    data_dir = None if args.store == ":memory:" else str(Path(args.data_dir or default_data_dir()).resolve())
-    if cfg.ray_token_file is None and not cfg.ray_address:  # a local cluster's new Ray token, mode 0600
-        from rlgate.cluster.ray_security import default_token_file
-
-        token_file = default_token_file(args.admin_key_file, data_dir)
-        cfg.ray_token_file = None if token_file is None else str(token_file)
-    spec = ReplicaSpec(model=str(Path(args.model).resolve()), config=gateway_config(args, admin_key),
-                       engine=engine_spec(args, cfg.replicas), data_dir=data_dir, store_sync=args.store_sync,
-                       host=cfg.replica_host, log_level="warning" if args.log_level == "info" else args.log_level)
-    cluster = Cluster(spec, cfg)
-    try:
-        cluster.start()
-        from rlgate.cluster.ray_security import startup_report
-
-        for line in startup_report(cluster.info(), router=f"{args.host}:{args.port}"):  # Ray's ports, never its token
-            print(f"rlgate: {line}", flush=True)
-        import uvicorn
-
-        from rlgate.server import logging_filters
-        from rlgate.server.connections import gateway_protocol
-        from rlgate.server.serve import MAX_HEADER_BYTES, GatewayServer, fit_connections, tune_gc
-
-        print(f"rlgate: {cfg.replicas} replicas up; router on http://{args.host}:{args.port}", flush=True)
-        tune_gc()
-        # the router faces the clients: the same connection limits as a gateway (server/connections.py)
-        http = gateway_protocol(spec.config.header_timeout, fit_connections(spec.config.max_connections),
-                                MAX_HEADER_BYTES)
-        config = uvicorn.Config(cluster.make_router(), host=args.host, port=args.port, log_level=args.log_level,
-                                access_log=args.access_log, timeout_keep_alive=KEEP_ALIVE_S, lifespan="on", http=http)
-        # the gateway's log filters too: no floods, no query strings in the access log
-        logging_filters.install(logging_filters.RepeatFilter())
-        logging_filters.install(logging_filters.RedactQueryFilter(), ("uvicorn.access",))
-        GatewayServer(config, None).run()
-    finally:
-        cluster.stop()
-        import ray
-
-        ray.shutdown()
-    return 0
-
-
-# --------------------------------------------------------------------------- models
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -381,7 +313,12 @@ def cmd_models(args: argparse.Namespace) -> int:
         registry.known(args.name)
         if args.action == "fetch":
             registry.fetch(args.name)
-        print(resolve_model(args.name))
+            m = registry.known(args.name)
+            print(f"{m.name}: {m.title} fetched; its checkpoint (the GGUF weights dequantised to float32) is "
+                  f"{resolve_model(args.name)} (`--model {m.name}` uses it; `rlgate models path {m.name}` prints "
+                  "the directory alone)")
+        else:
+            print(resolve_model(args.name))
     except (KeyError, ModelNotFound, registry.FetchError) as exc:
         raise SystemExit(f"rlgate: {exc.args[0] if exc.args else exc}") from None
     return 0
@@ -518,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
                    "fetched with `rlgate models fetch NAME` first), or 'tiny' (the random-weight model the tests "
                    "use, with a supervised warm start)")
     p.add_argument("--task", choices=["math", "tools"], default="math",
-                   help="math: which number is larger / smaller; tools: a calculator tool, multi-turn "
+                   help="math: which number is larger (SmolLM2; the tiny model: larger / smaller); tools: a "
+                   "calculator tool, multi-turn "
                    "(on a real model: 3-digit products after a short warm start on the tool-call format)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where a real model is served and "
                    "trained (cuda is refused in one line when torch sees no CUDA device)")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -70,6 +71,10 @@ class GatewayConfig:
                                      "tool-call parsing)")
     reasoning_parser: str | None = option("auto", "reasoning parser, e.g. 'think' ('auto': the model family's; "
                                           "'none': reasoning stays in the content)")
+    tool_prompt: Literal["off", "auto"] = option(
+        "off", "tools the chat template cannot show ('off': reported as dropped, the model never sees them; 'auto': "
+        "described in the system message in the <tool_call> format the tool parser reads, as SmolLM2's model card "
+        "does: docs/http-api.md#tools-a-template-cannot-show)")
     default_max_tokens: int | None = option(
         None, "generated tokens when a request sets no max tokens (none: up to the rest of the context, as the "
         "OpenAI API and vLLM do; a reply cut by this cap counts in the default_cap_cuts guard)")
@@ -85,6 +90,8 @@ class GatewayConfig:
         "model's generation_config eos)", flag="--stop-token-id", metavar="ID")
     model_name: str = option("rlgate", "the model name /v1/models lists and responses echo when a request names "
                              "none (default: the --model directory's name)", cli_default=None)
+    max_policies: int = option(8, "LoRA adapter policies served at once beside the default policy (POST /rl/policies; "
+                               "more -> 409 policy_limit_reached)")
     session_idle_timeout: float = option(3600.0, "seconds without a request before the sweeper ends a session")
     sweep_interval: float = option(60.0, "seconds between idle-session sweeps")
     max_sessions: int = option(10_000, "open (active) sessions at once; more -> 429")
@@ -237,7 +244,26 @@ class OnlineConfig:
     max_feedback_per_target: int = option(1000, "feedback events one turn or conversation may receive; "
                                           "more -> 429")
     max_comment_chars: int = option(10_000, "longest feedback comment; longer -> 400")
+    max_feedback_metadata_bytes: int = option(4096, "largest feedback metadata object (its JSON, in bytes); "
+                                              "larger -> 400")
+    outcome_low: float = option(-1.0, "lowest outcome value a feedback event may carry; lower -> 400")
+    outcome_high: float = option(1.0, "highest outcome value a feedback event may carry; higher -> 400")
     max_tenants: int = option(10_000, "tenants (revoked ones included) at most; more -> 429")
+    # ---- fair limits per tenant (online/quotas.py): one tenant's traffic cannot refuse another's
+    max_open_conversations_per_tenant: int = option(
+        1000, "open conversations (sessions) one tenant may hold; at the limit its least recently active idle "
+        "one is released to make room (429 only when all are busy)")
+    max_conversations_per_tenant: int = option(20_000, "conversations one tenant may hold in any state (until "
+                                               "deleted, purged by retention or exported); more -> 429 for it")
+    max_feedback_per_tenant: int = option(200_000, "feedback events one tenant may have stored; more -> 429 for it")
+    conversation_release_s: float = option(
+        300.0, "release (end) a tenant's conversation session after this many seconds without a turn; its next "
+        "turn starts a new session (recorded as a new root). 0: only the gateway's hour-long idle sweeper")
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.outcome_low) and math.isfinite(self.outcome_high)
+                and self.outcome_high > self.outcome_low):
+            raise ValueError("outcome_high must be above outcome_low, both finite")
 
 
 # --------------------------------------------------------------------------- command line

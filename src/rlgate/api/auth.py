@@ -25,7 +25,8 @@ from rlgate.trajectory.interaction import Session
 
 # Routes only the admin key may call: a wrong token gets 403 there (401 elsewhere).
 ADMIN_ONLY_PATHS = frozenset({"/grant_capacity", "/rl/start_session", "/rl/start_sessions", "/export_trajectories",
-                              "/rl/collect", "/rl/finish_session", "/rl/update_weights", "/rl/metrics", "/metrics"})
+                              "/rl/collect", "/rl/finish_session", "/rl/update_weights", "/rl/metrics", "/metrics",
+                              "/rl/policies", "/rl/policies/unload"})
 # What a tenant key may reach (rlgate serve --online): the API surfaces and these (api/online/router.py).
 TENANT_PATHS = frozenset({"/v1/feedback", "/v1/data/delete"})
 # Routes that authenticate from their body or a cookie (the viewer's login form): the early gate

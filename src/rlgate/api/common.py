@@ -282,6 +282,11 @@ def retry_attempt(request: Request) -> int:
     return min(int(value), 1000) if value.isascii() and value.isdigit() else 0
 
 
+def template_dropped(parts: list[str]) -> dict[str, str]:
+    """The response header naming what the chat template left out of the prompt (chat/template_support.py)."""
+    return {"x-rlgate-template-dropped": ",".join(parts)} if parts else {}
+
+
 def report_ignored(surface: str, names: list[str]) -> dict[str, str]:
     """Log parameters rlgate accepted but does not act on; return a response header for them."""
     if not names:

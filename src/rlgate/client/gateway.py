@@ -12,6 +12,9 @@
     s = await client.start_session("task-2")
     ...                                       # the agent talks to the gateway
     batch = await s.finish(1.0)               # end + reward + export in one call
+
+A client made with ``policy="name"`` (docs/policies.md) binds every session it starts to that policy
+and pushes weights to it (its adapter directory, ``update_weights``).
 """
 
 from __future__ import annotations
@@ -98,8 +101,10 @@ class SessionHandle:
 
 class GatewayClient:
     def __init__(
-        self, base_url: str, admin_key: str, *, timeout: float = 600.0, http_client: httpx.AsyncClient | None = None
+        self, base_url: str, admin_key: str, *, timeout: float = 600.0, http_client: httpx.AsyncClient | None = None,
+        policy: str | None = None,
     ) -> None:
+        self.policy = policy  # sessions started are bound to it; update_weights pushes its adapter
         self.base_url = base_url.rstrip("/")
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[:-3]
@@ -152,13 +157,16 @@ class GatewayClient:
             body["mode"] = mode
         if metadata is not None:
             body["metadata"] = metadata
+        if self.policy is not None:
+            body["policy"] = self.policy
         out = await self._post("/rl/start_session", body)
         return SessionHandle(self, out["session_id"], out["api_key"])
 
     async def start_sessions(self, task_ids: list[str]) -> list[SessionHandle | GatewayClientError]:
         """``POST /rl/start_sessions``: a session per task id, in one call. Each item is the session,
         or the error the single call would have raised for that one (e.g. 429 ``no_capacity``)."""
-        out = await self._post("/rl/start_sessions", {"sessions": [{"task_id": t} for t in task_ids]})
+        bind = {"policy": self.policy} if self.policy is not None else {}
+        out = await self._post("/rl/start_sessions", {"sessions": [{"task_id": t, **bind} for t in task_ids]})
         return [SessionHandle(self, item["session_id"], item["api_key"]) if "session_id" in item
                 else GatewayClientError(int(item["status"]), {"error": item["error"]}, "/rl/start_sessions")
                 for item in out["sessions"]]
@@ -197,7 +205,29 @@ class GatewayClient:
         return await self._post("/rl/finish_session", body)
 
     async def update_weights(self, path: str) -> int:
-        return int((await self._post("/rl/update_weights", {"path": str(path)}))["version"])
+        """Load ``path`` (full weights; with ``policy``: that policy's adapter directory); the new version."""
+        body = {"path": str(path), **({"policy": self.policy} if self.policy is not None else {})}
+        return int((await self._post("/rl/update_weights", body))["version"])
+
+    async def policies(self) -> dict[str, Any]:
+        """``GET /rl/policies``: ``{"default", "max_policies", "policies": [{"name", "version", ...}]}``."""
+        return await self._request("GET", "/rl/policies", idempotent=True)
+
+    async def load_policy(self, name: str, path: str, *, version: int | None = None) -> int:
+        """A new adapter policy from a LoRA adapter directory; its version."""
+        body: dict[str, Any] = {"name": name, "path": str(path)}
+        if version is not None:
+            body["version"] = version
+        return int((await self._post("/rl/policies", body))["version"])
+
+    async def unload_policy(self, name: str) -> None:
+        await self._post("/rl/policies/unload", {"name": name})
+
+    async def version(self) -> int:
+        """The weight version of ``policy`` (None: the default policy's)."""
+        if self.policy is None:
+            return int((await self.health())["version"])
+        return int((await self.metrics())["policies"][self.policy])
 
     async def aclose(self) -> None:
         if self._own:

@@ -169,6 +169,9 @@ class Router:
             return
         if path in ADMIN_ONLY_PATHS:  # as a gateway answers: 401 without a key, 403 with another one
             self._require_admin(admin, token)
+        if path.startswith("/rl/policies"):  # per gateway (core/policies.py): one replica's load would differ
+            raise InvalidRequest("policies (LoRA adapters) are not served behind the cluster router yet: load them "
+                                 "on a single gateway (docs/policies.md)", code="not_supported")
         if path == "/metrics" and method == "GET":
             text = await router_metrics.cluster_exposition(self.upstream, self.table, self.forwarded, headers)
             await _send_raw(send, 200, [(b"content-type", router_metrics.CONTENT_TYPE.encode())], text)

@@ -11,6 +11,7 @@ from typing import Any
 
 from rlgate.config import GatewayConfig
 from rlgate.core.generation import GenerationService
+from rlgate.core.policies import PolicyRegistry
 from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine
 from rlgate.metrics.gateway import GatewayMetrics
@@ -28,6 +29,11 @@ class Gateway:
     sessions: SessionManager
     generation: GenerationService
     started_at: float
+
+    @property
+    def policies(self) -> PolicyRegistry:
+        """The policies served: the default and the adapter policies (core/policies.py)."""
+        return self.generation.policies
 
     @property
     def metrics(self) -> GatewayMetrics:

@@ -33,7 +33,9 @@ from rlgate.chat.families.registry import resolve_family
 from rlgate.chat.output import OutputAssembler, OutputEvent, openai_call_id
 from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser, unparsed_tool_blocks
 from rlgate.chat.prompt_bounds import PromptTooLong, max_token_chars, reserved_template_kwargs
+from rlgate.chat.template_support import dropped
 from rlgate.chat.token_text import decode
+from rlgate.chat.tool_prompt import tool_prompt_renderer
 from rlgate.config import GatewayConfig
 from rlgate.core.limits import (
     check_images,
@@ -43,10 +45,13 @@ from rlgate.core.limits import (
     images,
     request_chars,
 )
+from rlgate.core.policies import PolicyRegistry
 from rlgate.core.render_pool import RenderPool
 from rlgate.core.request import ChatRequest
 from rlgate.core.request_scope import current_scope, store_refusal
 from rlgate.core.sessions import SessionManager
+from rlgate.core.shared_messages import share_prefix
+from rlgate.core.template_drops import TemplateDrops
 from rlgate.engine.base import Engine, EngineError, GenerateRequest, SamplingParams
 from rlgate.errors import ContextLengthExceeded, InvalidRequest, PayloadTooLarge, engine_failure
 from rlgate.metrics.gateway import GatewayMetrics, GenerationOutcome
@@ -97,6 +102,7 @@ class Prepared:
     reported: bool = False  # the outcome went to the metrics (once per run)
     image_bytes: int = 0  # counted against max_image_bytes_per_session once recorded
     operator_capped: bool = False  # max new tokens set by an operator cap below what the client allows
+    adapter: str | None = None  # the engine adapter of the policy that serves it (core/policies.py)
 
 
 @dataclass
@@ -126,13 +132,19 @@ class GenerationService:
         stop_token_ids: list[int],
         metrics: GatewayMetrics | None = None,
         family: ModelFamily | None = None,
+        policies: PolicyRegistry | None = None,
     ) -> None:
         self.config = config
+        self.policies = policies or PolicyRegistry(config, engine, sessions.store, lambda: sessions.sessions)
         self.metrics = metrics if metrics is not None else sessions.gateway_metrics
         self.engine = engine
         self.tokenizer = tokenizer
         self.family = family if family is not None else resolve_family(tokenizer, config.model_family)
-        self.renderer = self.family.renderer(tokenizer)
+        self.tool_parser = self.family.tool_parser if config.tool_parser == "auto" else config.tool_parser
+        # what the template shows (chat/template_support.py); --tool-prompt auto describes the tools it cannot
+        self.renderer, self.template_support = tool_prompt_renderer(
+            self.family.renderer(tokenizer), tokenizer, config.tool_prompt, self.tool_parser, self.family.title)
+        self.drops = TemplateDrops(self.metrics, self.family.title)
         # Bounds of every family's renderer (issue 15): properties of the tokenizer, not the renderer.
         self.reserved_kwargs = reserved_template_kwargs(tokenizer)
         backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -142,10 +154,7 @@ class GenerationService:
         self.inline_chars = INLINE_CHARS
         self.sessions = sessions
         self.matchers = load_matchers(config.history_matchers)  # clients that re-serialise replies
-        stops = list(stop_token_ids)
-        stops += [t for t in self.family.stop_token_ids(tokenizer) if t not in stops]
-        self.stop_token_ids = tuple(stops)
-        self.tool_parser = self.family.tool_parser if config.tool_parser == "auto" else config.tool_parser
+        self.stop_token_ids = tuple(dict.fromkeys([*stop_token_ids, *self.family.stop_token_ids(tokenizer)]))
         self.reasoning_parser = (
             self.family.reasoning_parser if config.reasoning_parser == "auto" else config.reasoning_parser
         )
@@ -158,11 +167,9 @@ class GenerationService:
         # reasoning_open's answer by the prompt's last tokens (renderers read at most the last 8:
         # the generation prompt, the same for almost every request); bounded
         self._reasoning_open: dict[tuple[int, ...], bool] = {}
-        # Validate parser names once, at startup.
-        if self.tool_parser:
-            get_tool_parser(self.tool_parser)
-        if self.reasoning_parser:
-            get_reasoning_parser(self.reasoning_parser)
+        for name, get in ((self.tool_parser, get_tool_parser), (self.reasoning_parser, get_reasoning_parser)):
+            if name:  # validate parser names once, at startup
+                get(name)
 
     @property
     def context_length(self) -> int:
@@ -213,6 +220,7 @@ class GenerationService:
                 prompt, parent, relation, fork_reason = await self.render_pool.run(render)
         except PromptTooLong as exc:  # the rendered text (template included) cannot fit
             raise self._too_long(exc.chars, offset=exc.offset) from exc
+        rendered = req.messages[covered:] if parent is not None and session.mode == "token_exact" else req.messages
         interaction = Interaction(
             id="",
             session_id=session.id,
@@ -224,6 +232,7 @@ class GenerationService:
             relation=relation,  # type: ignore[arg-type]
             fork_reason=fork_reason,
             context_key=context_key,
+            template_dropped=dropped(self.template_support, rendered, req.tools),
         )
         return BuiltPrompt(prompt, interaction, chain, new_image_bytes)
 
@@ -294,6 +303,7 @@ class GenerationService:
     ) -> Prepared:
         received_at = time.perf_counter()
         self.sessions.require_generating(session)
+        policy = self.policies.resolve(session, req.model)  # 404 / 400 before any work
         built = await self.build_prompt(session, req)
         prompt, interaction, chain = built.prompt_ids, built.interaction, built.chain
         ctx = self.context_length
@@ -330,7 +340,7 @@ class GenerationService:
             raise InvalidRequest(str(exc)) from exc
         interaction_id = f"{id_prefix}{self._ids.getrandbits(128):032x}"
         interaction.id = interaction_id
-        interaction.api = api
+        interaction.api, interaction.policy = api, policy.name
         interaction.sampling = {
             "temperature": sampling.temperature,  # as the engine samples (below 1e-5: 0, greedy)
             "top_p": req.top_p,
@@ -339,8 +349,10 @@ class GenerationService:
             "max_new_tokens": max_new,
         }
         interaction.client_store = req.store
+        self.drops.report(interaction.template_dropped, api)
         return Prepared(session, req, interaction_id, api, prompt, sampling, interaction, call_id, chain,
-                        received_at, image_bytes=built.image_bytes, operator_capped=max_new < client_max)
+                        received_at, image_bytes=built.image_bytes, operator_capped=max_new < client_max,
+                        adapter=policy.adapter)
 
     # ------------------------------------------------------------------ run
 
@@ -392,7 +404,7 @@ class GenerationService:
         final: Finished | None = None
         first_token_at: float | None = None
         stream = self.engine.stream(
-            GenerateRequest(p.prompt_ids, p.sampling, request_id=p.interaction_id, session_id=p.session.id)
+            GenerateRequest(p.prompt_ids, p.sampling, request_id=p.interaction_id, session_id=p.session.id, adapter=p.adapter)
         )
         if p.request.retry_attempt > 0:
             self._supersede_earlier_attempt(p.session, p.interaction, p.request.retry_attempt)
@@ -579,17 +591,3 @@ async def _abort(stream: AsyncGenerator[Any, None]) -> None:
         await asyncio.shield(stream.aclose())
     except Exception:
         log.exception("closing an engine stream failed")
-
-
-def share_prefix(parent: Interaction, messages: list[Message], covered: int) -> None:
-    """Replace the leading request messages that equal the parent's by the parent's own objects.
-
-    Every request re-sends the whole conversation: kept as sent, a session would hold each
-    message (and image) once per later turn, O(turns^2) memory; shared, it holds it once, as
-    the store does. Only exactly equal messages are shared, so nothing recorded changes."""
-    known = [*parent.messages, parent.output_message]
-    for k in range(min(covered, len(known))):
-        m = known[k]
-        if m is not None and messages[k] is not m and messages[k] == m:
-            messages[k] = m
-

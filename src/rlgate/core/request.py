@@ -43,3 +43,5 @@ class ChatRequest:
     # The SDK's retry count (x-stainless-retry-count): > 0 when the client resends a request it gave
     # up on (a timeout); the earlier attempt of the same turn is then superseded, not a second branch.
     retry_attempt: int = 0
+    # The request's ``model`` field: the policy that serves it, when it names one (core/policies.py).
+    model: str | None = None

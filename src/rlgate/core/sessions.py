@@ -19,6 +19,7 @@ import logging
 import re
 import secrets
 import time
+from collections import Counter as Tally
 from collections.abc import Callable
 from typing import Any
 
@@ -96,11 +97,14 @@ class SessionManager:
 
     # ------------------------------------------------------------------ restart
 
-    def restore(self) -> None:
+    def restore(self, conversation: Callable[[Session], bool] | None = None) -> None:
         """Reload persisted sessions; sessions that were active become ``interrupted``.
 
         Keys of ended and interrupted sessions keep mapping to them (generation answers
         409 / 410 with the reason); keys of exported sessions stay retired (401).
+        ``conversation`` names the sessions that hold a user's conversation (``rlgate serve --online``):
+        one open at the stop is not an alarm (its next turn goes on in a new session) and the log
+        line says so instead of counting it "interrupted".
         """
         self.capacity = int(self.store.load_meta().get("capacity", 0))
         cut = 0
@@ -131,13 +135,13 @@ class SessionManager:
                 self._finished[s.id] = None
         self.gateway_metrics.record_restart(cut)
         if self.sessions:
-            by_status: dict[str, int] = {}
-            for s in self.sessions.values():
-                by_status[s.status] = by_status.get(s.status, 0) + 1
-            log.log(logging.WARNING if by_status.get("interrupted") else logging.INFO,
-                    "restored %d sessions from the store (%s), %d interactions, capacity %d; sessions that "
-                    "were active are marked interrupted", len(self.sessions),
-                    ", ".join(f"{n} {k}" for k, n in sorted(by_status.items())),
+            words = {"open": "conversations open at the stop (each goes on in a new session at its next turn)",
+                     "interrupted": "interrupted (active at the stop)"}
+            by_status = Tally("open" if s.status == "interrupted" and conversation and conversation(s) else s.status
+                              for s in self.sessions.values())
+            log.log(logging.WARNING if by_status["interrupted"] else logging.INFO,
+                    "restored %d sessions from the store (%s), %d interactions, capacity %d", len(self.sessions),
+                    ", ".join(f"{n} {words.get(k, k)}" for k, n in sorted(by_status.items())),
                     sum(len(s.interactions) for s in self.sessions.values()), self.capacity)
 
     # ------------------------------------------------------------------ capacity
@@ -178,6 +182,7 @@ class SessionManager:
         *,
         mode: TrajectoryMode | None = None,
         metadata: dict[str, Any] | None = None,
+        policy: str | None = None,  # bound to this policy (core/policies.py; the caller checked it exists)
     ) -> tuple[Session, str]:
         if not self.accepting:
             raise Unavailable("the gateway is shutting down and admits no new sessions", code="shutting_down")
@@ -218,7 +223,7 @@ class SessionManager:
             task_id=task_id,
             key_hash=digest,
             mode=mode or self.config.trajectory_mode,
-            metadata=dict(metadata or {}),
+            metadata=dict(metadata or {}), policy=policy,
         )
         # The write first: a store that refuses the row (StoreError) leaves nothing behind.
         self.store.save_session(session)
@@ -521,16 +526,16 @@ class SessionManager:
             self._finished_changed.set()
 
     async def collect(self, max_sessions: int, *, wait_timeout: float = 0.0, style: ExportStyle = "individual",
-                      discount: float = 1.0) -> list[dict[str, Any]]:
+                      discount: float = 1.0, where: Callable[[Session], bool] | None = None) -> list[dict[str, Any]]:
         """Exports of up to ``max_sessions`` finished sessions (ended or interrupted, nothing in
-        flight, not exported yet), in the order they finished; waits up to ``wait_timeout``
+        flight, not exported yet; ``where``: those it accepts), in the order they finished; waits up to ``wait_timeout``
         seconds for the first. Each is exported as by :meth:`export` (dropped once the response
         is sent): a trainer drains every finished trajectory without naming sessions."""
         deadline = time.monotonic() + max(0.0, wait_timeout)
         while True:
             ready = [sid for sid in self._finished
                      if (s := self.sessions.get(sid)) is not None and s.exported_at is None and not s.in_flight
-                     and s.status != "active"][:max_sessions]
+                     and s.status != "active" and (where is None or where(s))][:max_sessions]
             left = deadline - time.monotonic()
             if ready or left <= 0:
                 break

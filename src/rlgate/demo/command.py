@@ -22,7 +22,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     if args.scripted:
         from rlgate.demo.scripted import run_scripted_demo
 
-        return run_scripted_demo(Path(args.out), seed=args.seed)
+        return run_scripted_demo(Path(args.out), seed=args.seed, port=args.port)
     if args.device != "cpu":
         from rlgate.demo.device import check_device
 

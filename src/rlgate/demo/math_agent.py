@@ -27,7 +27,7 @@ import math
 import re
 from typing import Any
 
-__all__ = ["MathAgent", "OpenAIMathAgent", "extract_last_number", "math_reward"]
+__all__ = ["MathAgent", "OpenAIMathAgent", "closeness_reward", "extract_last_number", "math_reward"]
 
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 
@@ -70,9 +70,20 @@ def number_only_reward(reply: str, answer: str | int | float) -> float:
     return 0.0
 
 
+def closeness_reward(reply: str, answer: str | int | float, scale: float = 10.0) -> float:
+    """Partial credit: ``max(0, 1 - |last number - answer| / scale)``: 1.0 for the right answer, 0.9 one
+    off, ..., 0.0 from ``scale`` off or without a number."""
+    got, want = extract_last_number(reply), _answer_value(answer)
+    if got is None or want is None:
+        return 0.0
+    return max(0.0, 1.0 - abs(got - want) / scale)
+
+
 def reward_for(data: dict[str, Any]) -> Any:
-    """The reward an item asks for: ``data["format"] == "number"`` -> :func:`number_only_reward`."""
-    return number_only_reward if data.get("format") == "number" else math_reward
+    """The reward an item asks for: ``data["format"]`` ``"number"`` -> :func:`number_only_reward`,
+    ``"closeness"`` -> :func:`closeness_reward`, else :func:`math_reward`."""
+    fmt = data.get("format")
+    return number_only_reward if fmt == "number" else closeness_reward if fmt == "closeness" else math_reward
 
 
 class _Agent:

@@ -61,6 +61,10 @@ class ProofSettings:
     canary_min_samples: int = 20
     canary_plan_samples: int = 100
     candidate_steps: int = 1
+    # the reward-hacking guards (online/hacking.py): "alarm" here, since these users' preference (short replies)
+    # invites the empty-reply hack this fast proof is not about; the real-model proof (demo/online_real.py)
+    # runs the default, "pause". The before phase measures their reference (half vocabulary, half rates).
+    hacking_action: str = "alarm"
     seed: int = 0
 
 
@@ -118,7 +122,9 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
     options = OnlineOptions(train=True, lr=s.lr, group_fraction=s.group_fraction, group_size=s.group_size,
                             train_batch=s.train_batch, canary_share=s.canary_share, canary_margin=s.canary_margin,
                             canary_min_samples=s.canary_min_samples, canary_plan_samples=s.canary_plan_samples,
-                            candidate_steps=s.candidate_steps, conversation_idle_s=2.0)
+                            candidate_steps=s.candidate_steps, conversation_idle_s=2.0,
+                            hacking_action=s.hacking_action,  # type: ignore[arg-type]
+                            hacking_reference_replies=s.before // 2)
     training = build_online_training(base, options, tokenizer, engine_kwargs={"seed": s.seed},
                                      scorer=scorer_of(length_reward(s.max_chars)))
     engines, trainer, canary = training.engines, training.trainer, training.canary

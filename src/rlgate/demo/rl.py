@@ -45,6 +45,7 @@ from rlgate.train.config import (
     TrainConfig,
 )
 from rlgate.train.grpo import GRPOConfig, StepResult
+from rlgate.train.policy import save_for_serving
 from rlgate.train.run import Hooks, TrainRun
 from rlgate.trajectory.export import write_jsonl
 
@@ -221,7 +222,7 @@ class DemoHooks(Hooks):
         self.console.print(f"held-out accuracy after RL:  [bold]{self.after['t1']:.1%}[/bold] at T=1 ({d_t1:+.1%}), "
                            f"{self.after['greedy']:.1%} greedy ({d_greedy:+.1%})")
         final = run.out / "final"
-        run.trainer.model.save_pretrained(final)
+        save_for_serving(run.trainer.model, final)  # LoRA: the merged weights, a model any engine serves
         for name in TOKENIZER_FILES:
             if (self.model_dir / name).is_file():
                 shutil.copy(self.model_dir / name, final / name)
@@ -277,7 +278,7 @@ def run_demo(out: Path, *, task: str = "math", seed: int = 0, steps: int | None 
              pushgateway: str | None = None, gateway_metrics_port: int | None = None) -> int:
     from rich.console import Console
 
-    console = Console()
+    console = Console(soft_wrap=True)  # no hard wrap at 80 columns when the output is not a terminal
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     settings = DemoSettings.for_task(task)

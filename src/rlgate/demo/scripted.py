@@ -1,7 +1,7 @@
 """A short scripted session against the tiny model, printing what the gateway recorded.
 
 Builds the tiny model (cached in ``OUT/model``), serves it with the local engine on
-127.0.0.1, talks to it with the official OpenAI SDK for three turns, rewards the last
+127.0.0.1 (``--port``, else a free port), talks to it with the official OpenAI SDK for three turns, rewards the last
 turn, exports the session and prints each recorded interaction.
 """
 
@@ -46,7 +46,8 @@ async def _session(url: str, admin_key: str, tokenizer) -> dict:
         return await s.export(style="concat")
 
 
-def run_scripted_demo(out: Path, seed: int = 0) -> int:
+def run_scripted_demo(out: Path, seed: int = 0, port: int | None = None) -> int:
+    """``port``: the gateway's port on 127.0.0.1 (None: a free one)."""
     from rlgate.config import GatewayConfig
     from rlgate.engine.local import LocalEngine
     from rlgate.model import load_tokenizer, stop_token_ids
@@ -60,7 +61,7 @@ def run_scripted_demo(out: Path, seed: int = 0) -> int:
     admin_key = secrets.token_urlsafe(32)
     app = create_app(GatewayConfig(admin_key=admin_key, model_name="tiny"), LocalEngine(model_dir), MemoryStore(),
                      tokenizer, stop_token_ids=stop_token_ids(tokenizer, model_dir))
-    with ServerThread(app) as url:
+    with ServerThread(app, port=port or 0) as url:
         print(f"gateway on {url} serving the tiny model from {model_dir}\n")
         export = asyncio.run(_session(url, admin_key, tokenizer))
     print(f"\nexported {len(export['interactions'])} sample(s), stats {export['stats']}")

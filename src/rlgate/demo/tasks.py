@@ -9,6 +9,8 @@ held-out split measures learning rather than memorisation.
 with the expression, read the result and answer with it (a multi-turn conversation:
 assistant tool call -> tool result -> assistant answer).
 
+``sum``: "What is 37 + 48? Answer with the number only." with partial credit for a close answer.
+
 ``multiply``: "What is 347 * 582?" — three-digit products, which a 135M-parameter model cannot
 work out in its head: the task of the tools demo on SmolLM2 (``demo/real_tools.py``), where only an
 answer obtained through the calculator counts.
@@ -34,10 +36,11 @@ def math_item(a: int, b: int, larger: bool) -> dict[str, Any]:
     return {"question": f"Which is {word}, {a} or {b}?", "answer": str(max(a, b) if larger else min(a, b))}
 
 
-def math_task(seed: int = 0, n_heldout: int = 200) -> TaskSplit:
+def math_task(seed: int = 0, n_heldout: int = 200, kinds: tuple[str, ...] = ("larger", "smaller")) -> TaskSplit:
+    """``kinds``: which questions ("larger", "smaller"); the order of the two numbers is random either way."""
     rng = random.Random(seed)
-    items = [math_item(a, b, larger) for a in range(10, 100) for b in range(10, 100) if a != b
-             for larger in (True, False)]
+    items = [math_item(a, b, kind == "larger") for a in range(10, 100) for b in range(10, 100) if a != b
+             for kind in kinds]
     rng.shuffle(items)
     return TaskSplit(train=items[n_heldout:], heldout=items[:n_heldout])
 
@@ -61,6 +64,17 @@ def multiply_task(seed: int = 0, n_train: int = 2000, n_heldout: int = 200) -> T
     while len(pairs) < n_train + n_heldout:
         pairs[(rng.randint(100, 999), rng.randint(100, 999))] = None
     items = [tools_item(a, b, "*") for a, b in pairs]
+    return TaskSplit(train=items[n_heldout:], heldout=items[:n_heldout])
+
+
+def sum_task(seed: int = 0, n_heldout: int = 200) -> TaskSplit:
+    """``What is 37 + 48? Answer with the number only.``, two-digit operands, partial credit for a close
+    answer (``format: closeness``: :func:`~rlgate.demo.math_agent.closeness_reward`, on the reply's last
+    number): a task of another kind than ``math`` (an answer to work out, a reward that is not 0/1)."""
+    rng = random.Random(seed)
+    items = [{**tools_item(a, b, "+"), "question": f"What is {a} + {b}? Answer with the number only.",
+              "format": "closeness"} for a in range(10, 100) for b in range(10, 100)]
+    rng.shuffle(items)
     return TaskSplit(train=items[n_heldout:], heldout=items[:n_heldout])
 
 

@@ -31,7 +31,8 @@ Versions
 Every engine has an integer weight ``version`` (0 at start). Loading new weights
 bumps it by one. Each generated token is tagged with the version of the weights
 that produced it, so a request in flight across a weight update carries two
-versions.
+versions. A request for a LoRA adapter (``GenerateRequest.adapter``, engines with
+``capabilities.ServesAdapters``) is tagged with that adapter's own version instead.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ class EngineError(Exception):
 class WeightUpdateError(EngineError):
     """New weights could not be loaded; the engine keeps serving the old ones."""
 
-    def __init__(self, message: str, *, status: int = 400) -> None:
-        super().__init__(message, status=status, code="weight_update_failed")
+    def __init__(self, message: str, *, status: int = 400, code: str = "weight_update_failed") -> None:
+        super().__init__(message, status=status, code=code)
 
 
 # Temperatures below this are greedy (vLLM's and SGLang's _SAMPLING_EPS).
@@ -105,6 +106,7 @@ class GenerateRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = ""  # for logs and for routing; engines may ignore it
     session_id: str | None = None  # lets multi-backend engines pin a session to one backend
+    adapter: str | None = None  # a LoRA adapter the engine holds (capabilities.ServesAdapters); None: the base
 
 
 @dataclass

@@ -16,6 +16,10 @@ capability (what it gives)                                              fake  lo
 :class:`DescribesBackends` (``describe()``: backends and their state)      -     -      yes
 :class:`HasModel` (``model``: the torch module; the fake vLLM server's     -     yes    -
   teacher-forced logprobs)
+:class:`ChecksWeights` (``last_weight_check``: the last update's check      -     yes    yes
+  against the checkpoint's probe, engine/weight_check.py)
+:class:`ServesAdapters` (LoRA adapters on the base weights, loaded and     yes   yes    yes
+  replaced at run time; a request names one: ``GenerateRequest.adapter``)
 
 ``isinstance`` on a runtime-checkable protocol checks that the names exist, not their signatures:
 each engine module ends with a ``TYPE_CHECKING`` block that hands the engine to its capabilities,
@@ -25,9 +29,14 @@ so mypy checks the signatures too (and ``tests/test_engine_capabilities.py`` the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-__all__ = ["DescribesBackends", "HasModel", "HasStats", "Pausable", "QueueWaitObservable", "VersionRestorable"]
+if TYPE_CHECKING:
+    from rlgate.engine.weight_check import WeightCheck
+
+__all__ = ["ChecksWeights", "DescribesBackends", "HasModel", "HasStats", "Pausable", "QueueWaitObservable",
+           "ServesAdapters",
+           "VersionRestorable"]
 
 
 @runtime_checkable
@@ -82,4 +91,37 @@ class HasModel(Protocol):
 
     @property
     def model(self) -> Any:
+        ...
+
+
+@runtime_checkable
+class ChecksWeights(Protocol):
+    """The engine checks each weight update against the checkpoint's probe (engine/weight_check.py)."""
+
+    @property
+    def last_weight_check(self) -> WeightCheck | None:
+        ...
+
+
+@runtime_checkable
+class ServesAdapters(Protocol):
+    """LoRA adapters served on the engine's base weights, side by side (docs/policies.md).
+
+    A request names one in ``GenerateRequest.adapter`` (an adapter not loaded: :class:`EngineError`
+    404 ``adapter_not_found``); its tokens carry that adapter's version. Loading or replacing one
+    adapter never pauses or changes the rows of another (or of the base)."""
+
+    async def load_adapter(self, name: str, path: str, version: int | None = None) -> int:
+        """Load the PEFT adapter directory ``path`` as ``name``, or replace ``name``'s weights; return its
+        version (a new adapter: ``version``, default 0; a replacement: the old one + 1). Requests of
+        ``name`` in flight go on with the new weights (their tokens say which version made them).
+        :class:`WeightUpdateError` (400) and nothing changed if ``path`` is not a servable adapter."""
+        ...
+
+    async def unload_adapter(self, name: str) -> None:
+        """Free ``name``; requests of it still in flight end with an error (the gateway unloads idle ones)."""
+        ...
+
+    def adapter_versions(self) -> dict[str, int]:
+        """The adapters loaded now, by name, with their versions."""
         ...

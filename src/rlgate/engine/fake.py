@@ -10,6 +10,10 @@ Outputs come from a *script*: a list consumed one item per request (or a callabl
 With no script (or once it is used up) every request gets ``output_tokens`` tokens
 ending in the stop token. Logprobs are a deterministic function of token and
 position, always finite and ≤ 0. Every request received is kept in ``requests``.
+
+LoRA adapters (``capabilities.ServesAdapters``) are bookkeeping only: a directory is checked as
+every engine checks it and the adapter's version counted; a request naming an adapter gets the same
+script, its tokens tagged with that adapter's version (a script callable can read ``request.adapter``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from rlgate.engine.base import (
     TokenDelta,
 )
 from rlgate.engine.options import EngineOptions
-from rlgate.engine.weights_path import checkpoint_dir
+from rlgate.engine.weights_path import adapter_dir, checkpoint_dir
 
 _FILLER = " the quick brown fox jumps over the lazy dog and runs away"
 KEEP_REQUESTS = 10_000  # FakeEngine.requests keeps at most this many (oldest dropped in halves)
@@ -73,6 +77,7 @@ class FakeEngine(StreamingEngineMixin):
         self.served = 0  # requests received, all of them
         self.aborted = 0  # streams closed before they finished
         self._version = 0
+        self._adapters: dict[str, int] = {}  # LoRA adapters "loaded", by name: their versions
         self._running = asyncio.Event()  # cleared while generation is paused (weight updates)
         self._running.set()
         self._script_pos = 0
@@ -130,6 +135,9 @@ class FakeEngine(StreamingEngineMixin):
             raise EngineError("empty prompt", status=400, code="invalid_request")
         if len(request.input_ids) >= self._max_ctx:
             raise EngineError("prompt exceeds the context", status=400, code="context_length_exceeded")
+        adapter = request.adapter
+        if adapter is not None and adapter not in self._adapters:
+            raise EngineError(f"no adapter {adapter!r} is loaded", status=404, code="adapter_not_found")
         planned = self._planned_ids(request)
         limit = min(request.sampling.max_new_tokens, self._max_ctx - len(request.input_ids))
         stops = set(request.sampling.stop_token_ids)
@@ -147,7 +155,10 @@ class FakeEngine(StreamingEngineMixin):
                 finish: FinishReason | None = "stop" if tok in stops else None
                 if finish is None and pos + 1 >= limit:
                     finish = "length"
-                yield TokenDelta([tok], [fake_logprob(tok, pos)], [self._version], finish)
+                if adapter is not None and adapter not in self._adapters:
+                    raise EngineError(f"adapter {adapter!r} was unloaded", status=410, code="adapter_unloaded")
+                version = self._version if adapter is None else self._adapters[adapter]
+                yield TokenDelta([tok], [fake_logprob(tok, pos)], [version], finish)
                 if finish is not None:
                     finished = True
                     return
@@ -164,6 +175,19 @@ class FakeEngine(StreamingEngineMixin):
         await asyncio.to_thread(checkpoint_dir, path)
         self._version += 1
         return self._version
+
+    async def load_adapter(self, name: str, path: str, version: int | None = None) -> int:
+        """Check the adapter directory as every engine does (its files are not read); count its version."""
+        await asyncio.to_thread(adapter_dir, path)
+        new = version if version is not None else self._adapters[name] + 1 if name in self._adapters else 0
+        self._adapters[name] = new
+        return new
+
+    async def unload_adapter(self, name: str) -> None:
+        self._adapters.pop(name, None)
+
+    def adapter_versions(self) -> dict[str, int]:
+        return dict(self._adapters)
 
     async def pause_generation(self) -> None:
         """Requests in flight stop before their next token; they continue on ``continue_generation``."""
@@ -232,9 +256,10 @@ class ToolRoundScript:
                     spec = json.loads(line)
                 except ValueError:
                     continue
-                fn = spec.get("function", spec) if isinstance(spec, dict) else None
-                if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-                    tools.append(fn)
+                for one in spec if isinstance(spec, list) else [spec]:  # a spec a line, or a list (--tool-prompt)
+                    fn = one.get("function", one) if isinstance(one, dict) else None
+                    if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                        tools.append(fn)
             if tools:
                 return tools
             start = prompt.find(self.tools_open, end)
@@ -263,7 +288,7 @@ class ToolRoundScript:
 
 if TYPE_CHECKING:  # mypy checks that FakeEngine has these capabilities (engine/capabilities.py)
     from rlgate.engine.base import Engine
-    from rlgate.engine.capabilities import Pausable, VersionRestorable
+    from rlgate.engine.capabilities import Pausable, ServesAdapters, VersionRestorable
 
-    def _capabilities(engine: FakeEngine) -> tuple[Engine, Pausable, VersionRestorable]:
-        return engine, engine, engine
+    def _capabilities(engine: FakeEngine) -> tuple[Engine, Pausable, VersionRestorable, ServesAdapters]:
+        return engine, engine, engine, engine

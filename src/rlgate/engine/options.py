@@ -26,3 +26,8 @@ class EngineOptions:
         None, "--engine local: batch rows one session may hold (none: half of --max-batch-size)")
     fake_output_tokens: int = option(16, "--engine fake: tokens per reply")
     fake_token_delay: float = option(0.0, "--engine fake: seconds between tokens")
+    weight_check_tolerance: float | None = option(
+        1e-3, "largest |served - probe| logprob difference a weight update may show: after loading a checkpoint "
+        "that holds a probe (rlgate-probe.json, written by rlgate's trainer) the engine scores it and the update "
+        "fails (502 weight_check_failed, previous weights kept) beyond this (float32: 1e-3; bfloat16 servers "
+        "need ~0.1; none: no check)", metavar="T")

@@ -31,9 +31,10 @@ from pathlib import Path
 
 from rlgate.engine.base import WeightUpdateError
 
-__all__ = ["MAX_PATH_CHARS", "Checkpoint", "checkpoint_dir"]
+__all__ = ["ADAPTER_CONFIG", "MAX_PATH_CHARS", "Checkpoint", "adapter_dir", "checkpoint_dir"]
 
 MAX_PATH_CHARS = 4096  # PATH_MAX on Linux
+ADAPTER_CONFIG = "adapter_config.json"  # a PEFT adapter directory holds it
 
 
 @dataclass(frozen=True)
@@ -90,3 +91,19 @@ def checkpoint_dir(path: str | os.PathLike[str]) -> Checkpoint:
             raise WeightUpdateError(f"{name} in {_shown(path)} is not a regular file")
         files.append(real)
     return Checkpoint(path, directory, tuple(files))
+
+
+def adapter_dir(path: str | os.PathLike[str]) -> Checkpoint:
+    """Check a LoRA adapter directory (``POST /rl/policies``, a policy's weight push): a checkpoint
+    directory as above that also holds ``adapter_config.json``, a regular file inside it. The same
+    :class:`WeightUpdateError` (400) otherwise; the adapter's contents are checked by the engine."""
+    found = checkpoint_dir(path)
+    try:
+        real = (found.directory / ADAPTER_CONFIG).resolve(strict=True)
+        regular = stat.S_ISREG(real.stat().st_mode)
+    except (OSError, RuntimeError, ValueError):
+        raise WeightUpdateError(f"no {ADAPTER_CONFIG} in {_shown(found.path)}: not a LoRA adapter directory (PEFT's "
+                                "save_pretrained writes one)") from None
+    if found.directory not in real.parents or not regular:
+        raise WeightUpdateError(f"{ADAPTER_CONFIG} in {_shown(found.path)} is not a regular file inside the directory")
+    return found

@@ -85,10 +85,13 @@ def _plain(v: Any) -> Any:
 
 
 def output_fields(chain: Chain, *, response_length: int, fallback_prompt_ids: list[int], eos: int,
-                  seconds: float) -> dict[str, Any]:
+                  seconds: float, prompt_length: int | None = None) -> dict[str, Any]:
     """``AgentLoopOutput``'s fields for a played chain. The response is cut at ``response_length``
-    (verl pads to it). A failed episode (no chain) gets ``fallback_prompt_ids``, one masked
-    ``eos`` token, reward 0.0 and ``extra_fields["rlgate_failed"]``: verl takes one output per row."""
+    and a longer prompt is left-truncated to ``prompt_length`` (verl pads both to those lengths, and
+    its batch cannot hold a longer row; its own loops truncate the same way), the tokens cut counted
+    in ``extra_fields["rlgate_prompt_tokens_cut"]``. A failed episode (no chain) gets
+    ``fallback_prompt_ids``, one masked ``eos`` token, reward 0.0 and ``extra_fields["rlgate_failed"]``:
+    verl takes one output per row."""
     extra: dict[str, Any] = {"rlgate_session_id": chain.session_id, "rlgate_failed": not chain.ok,
                              "rlgate_dropped_chains": chain.dropped_chains, "rlgate_version": chain.min_version,
                              "turn_scores": [], "tool_rewards": []}
@@ -99,7 +102,11 @@ def output_fields(chain: Chain, *, response_length: int, fallback_prompt_ids: li
                 "response_logprobs": [0.0], "reward_score": 0.0, "num_turns": 0, "metrics": metrics,
                 "extra_fields": extra}
     n = response_length
-    return {"prompt_ids": list(chain.prompt_ids), "response_ids": chain.response_ids[:n],
+    prompt = list(chain.prompt_ids)
+    if prompt_length is not None and len(prompt) > prompt_length:
+        extra["rlgate_prompt_tokens_cut"] = len(prompt) - prompt_length
+        prompt = prompt[len(prompt) - prompt_length:]
+    return {"prompt_ids": prompt, "response_ids": chain.response_ids[:n],
             "response_mask": chain.response_mask[:n], "response_logprobs": chain.response_logprobs[:n],
             "reward_score": float(chain.reward) if chain.reward is not None else None,
             # verl counts user, assistant and tool messages: one prompt turn plus a reply (and its

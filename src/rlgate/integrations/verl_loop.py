@@ -13,10 +13,12 @@ column). What it returns and why: ``integrations/verl.py`` and docs/integrations
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import Any
 
+from verl.experimental.agent_loop import agent_loop as verl_agent_loop
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
 from rlgate.client.gateway import GatewayClient
@@ -27,8 +29,9 @@ from rlgate.train.loading import load_agent
 
 __all__ = ["RlgateAgentLoop"]
 
+log = logging.getLogger(__name__)
 
-@register("rlgate_agent")
+
 class RlgateAgentLoop(AgentLoopBase):
     """One verl row = one rlgate episode: the user's agent plays it in a gateway session."""
 
@@ -38,6 +41,7 @@ class RlgateAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self.settings = VerlLoopSettings.resolve(gateway_url, admin_key, agent, agent_kwargs, episode_timeout)
         self.response_length = int(self.rollout_config.response_length)
+        self.prompt_length = int(self.rollout_config.prompt_length)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         s = self.settings
@@ -57,6 +61,17 @@ class RlgateAgentLoop(AgentLoopBase):
             fallback = list(self.tokenizer.apply_chat_template(list(kwargs.get("raw_prompt") or []),
                                                                add_generation_prompt=True, tokenize=True))
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
-        return AgentLoopOutput(**output_fields(chain, response_length=self.response_length,
-                                               fallback_prompt_ids=fallback, eos=int(eos),
-                                               seconds=time.perf_counter() - t0))
+        fields = output_fields(chain, response_length=self.response_length, fallback_prompt_ids=fallback, eos=int(eos),
+                               seconds=time.perf_counter() - t0, prompt_length=self.prompt_length)
+        if "rlgate_prompt_tokens_cut" in fields["extra_fields"]:
+            log.warning("rlgate agent loop: the episode's prompt has %d tokens more than rollout.prompt_length=%d; "
+                        "left-truncated for verl's batch (raise prompt_length to train on all of it)",
+                        fields["extra_fields"]["rlgate_prompt_tokens_cut"], self.prompt_length)
+        return AgentLoopOutput(**fields)
+
+
+# Registered as "rlgate_agent" unless verl's registry has that name already: verl's AgentLoopWorker loads the
+# agent-loop YAML into the registry first and imports this module when it instantiates the entry, and verl's
+# register() would then replace the YAML entry, and its keys (gateway_url, agent, ...), by a bare _target_.
+if "rlgate_agent" not in verl_agent_loop._agent_loop_registry:
+    register("rlgate_agent")(RlgateAgentLoop)

@@ -13,12 +13,13 @@ benchmarks/metrics_overhead.py (recording calls vs whole requests, same run).
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -27,7 +28,7 @@ from prometheus_client.core import (
 )
 
 from rlgate.config import GatewayConfig
-from rlgate.metrics.guards import GuardSet, GuardSpec
+from rlgate.metrics.guards import Guard, GuardSet, GuardSpec
 
 log = logging.getLogger("rlgate.metrics")
 
@@ -67,6 +68,10 @@ class LiveSources:
     engine_version: Callable[[], int] | None = None
     engine_stats: Callable[[], Mapping[str, float]] | None = None  # LocalEngine.stats()
     store_stats: Callable[[], Mapping[str, int]] | None = None  # SQLiteStore.stats
+
+
+WEIGHT_CHECK_GUARD = GuardSpec("weight_check", "weight updates whose engine did not serve the checkpoint's probe "
+                               "(the update failed; the previous weights serve)", "checked weight updates", 0.0, 1)
 
 
 def guard_specs(c: GatewayConfig) -> list[GuardSpec]:
@@ -222,6 +227,9 @@ class GatewayMetrics:
         self.operator_cap_cuts = Counter("rlgate_replies_cut_by_operator_cap", "replies cut at a token cap the client "
                                          "never asked for (--default-max-tokens, --max-tokens-cap)", ["api"],
                                          registry=r)
+        self.template_dropped = Counter("rlgate_template_dropped", "requests whose chat template left out a part "
+                                        "of them (tools, tool_calls, tool_results, reasoning, images): the model "
+                                        "never saw it", ["part", "api"], registry=r)
         self.turns = Counter("rlgate_turns", "recorded interactions by relation to the session's tree "
                              "(root, extend, fork)", ["relation"], registry=r)
         self.forks = Counter("rlgate_forks", "turns that started a new branch, by fork_reason", ["reason"],
@@ -238,7 +246,14 @@ class GatewayMetrics:
                                    "reason (client_abort, error, restart)", ["reason"], registry=r)
         self.version_lag = _LagHistogram("rlgate_token_version_lag", "weight versions between the engine at "
                                          "export and each exported generated token", LAG_BUCKETS)
+        self.weight_checks = Counter("rlgate_weight_checks", "weight updates checked against the checkpoint's "
+                                     "probe (what the engine serves after loading it), by result (pass, fail, "
+                                     "skipped: no probe)", ["result"], registry=r)
+        self.weight_check_diff = Gauge("rlgate_weight_check_max_diff", "largest |served - probe| logprob "
+                                       "difference of the last checked weight update", registry=r)
         self.guards = GuardSet(guard_specs(config), config.guard_window, details={"forks": self._fork_detail})
+        # firing while the last checked weight update failed its check (until one passes)
+        self.guards.guards[WEIGHT_CHECK_GUARD.name] = Guard(WEIGHT_CHECK_GUARD, 1)
         self._fork_reasons: Tally[str] = Tally()
         self._store_seen = (0, 0)  # (writes, failed_writes) at the last poll
         r.register(_LiveCollector(self))
@@ -259,11 +274,15 @@ class GatewayMetrics:
             self.tool_parse_failures.labels(parser)
         for reason in FORK_REASONS:
             self.forks.labels(reason)
+        for api in APIS:
+            self.template_dropped.labels("tools", api)
         for reason in ("client_abort", "error", "restart"):
             self.interrupted.labels(reason)
         for style in ("individual", "concat"):
             self.exported_samples.labels(style)
             self.missing_rewards.labels(style)
+        for result in ("pass", "fail", "skipped"):
+            self.weight_checks.labels(result)
 
     # ------------------------------------------------------------------ wiring
 
@@ -288,6 +307,9 @@ class GatewayMetrics:
     def record_request(self, surface: str, status: int, streamed: bool) -> None:
         """``status`` 0: no answer was sent (label "none")."""
         self._child(self.requests, surface, str(status) if status else "none", "true" if streamed else "false").inc()
+
+    def record_template_dropped(self, part: str, api: str) -> None:
+        self._child(self.template_dropped, part, api).inc()
 
     def record_generation(self, o: GenerationOutcome) -> None:
         streamed = "true" if o.streamed else "false"
@@ -364,6 +386,15 @@ class GatewayMetrics:
             if unaligned:
                 self.unaligned_turns.inc(unaligned)
             self.guards.observe("unaligned_turns", unaligned, turns)
+
+    def record_weight_check(self, result: str, max_diff: float | None) -> None:
+        """A weight update's check: ``pass``, ``fail`` or ``skipped`` (engine/weight_check.py)."""
+        self._child(self.weight_checks, result).inc()
+        if result == "skipped":
+            return
+        if max_diff is not None and math.isfinite(max_diff):
+            self.weight_check_diff.set(max_diff)
+        self.guards.observe(WEIGHT_CHECK_GUARD.name, int(result == "fail"), 1)
 
     def record_restart(self, interrupted_generations: int) -> None:
         """Generations found pending at restart (cut by the stop)."""

@@ -104,6 +104,13 @@ class GuardSet:
     def __getitem__(self, name: str) -> Guard:
         return self.guards[name]
 
+    def add(self, spec: GuardSpec, window: int, detail: Callable[[], str] | None = None) -> Guard:
+        """Watch one more kind of failure (a part wired in later, e.g. online training); returns its guard."""
+        if spec.name in self.guards:
+            raise ValueError(f"guard {spec.name!r} exists already")
+        guard = self.guards[spec.name] = Guard(spec, window, detail)
+        return guard
+
     def observe(self, name: str, failures: int, events: int) -> None:
         self.guards[name].observe(failures, events)
 

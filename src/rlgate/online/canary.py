@@ -9,14 +9,18 @@ or HTTP (``online/versions.py`` serves the two weight sets, the admin routes cal
   ``canary_share`` while a canary runs and nothing is pinned, else to the stable version. A
   conversation leaves its version only when that version stops being served: after a rollback (the
   canary is judged worse: its conversations move to stable at their next turn) or when its weights
-  slot is reused for the next candidate; both are counted (``switched``) and logged.
+  slot is reused for the next candidate (a promoted canary's previous stable version keeps serving
+  its conversations until then); both are counted (``switched``) and logged.
 * **Decisions.** Every live reward is credited to the version that produced the rewarded turn
   (:meth:`observe`). While a canary runs, after each reward the canary-minus-stable difference of
   mean rewards gets an always-valid interval (``online/sequential.py``: a confidence sequence, so
   looking after every reward is sound). Once the canary has ``canary_min_samples`` rewards:
   *roll back* when the interval's upper end is below 0 (worse, with confidence 1 - alpha);
-  *promote* when its lower end is above ``-canary_margin`` (not worse than the margin). Each
-  decision is logged with its numbers and kept in :attr:`decisions`.
+  *promote* when its lower end is above ``-canary_margin`` (not worse than the margin). With a
+  quality floor (``canary_floor``) the canary's own mean must also be shown at or above it (the lower
+  end of its always-valid interval), and it is rolled back once shown below it. A promotion the
+  reward-hacking guards hold (``hold``: ``online/hacking.py``) waits, recorded once as a ``hold``
+  decision with the reason. Each decision is logged with its numbers and kept in :attr:`decisions`.
 * **Operator.** ``pin``: no automatic decision and every new conversation on the stable version until
   unpinned; ``promote`` / ``rollback`` by hand act at once (the decision says ``by: operator``).
 """
@@ -32,11 +36,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from rlgate.online.options import OnlineOptions
-from rlgate.online.sequential import Comparison, RunningMean, compare
+from rlgate.online.sequential import Comparison, RunningMean, compare, radius
 
 log = logging.getLogger("rlgate.online.canary")
 
-Action = Literal["start", "promote", "rollback", "pin", "unpin"]
+Action = Literal["start", "promote", "rollback", "pin", "unpin", "hold"]
 # Versions whose reward tallies are kept for /metrics and /ui (the newest ones).
 KEEP_VERSIONS = 16
 
@@ -77,14 +81,19 @@ class Canary:
     decisions: deque[Decision] = field(default_factory=lambda: deque(maxlen=100))
     switched: int = 0  # conversations moved off their version (rollback, or its slot reused)
     listeners: list[Callable[[Decision], None]] = field(default_factory=list)
+    # why the canary may not be promoted automatically now (None: nothing holds it): the reward-hacking guards
+    hold: Callable[[int], str | None] | None = None
+    _held: str | None = None  # the reason of the last hold decision recorded (one per reason)
+    retired: int | None = None  # the stable version before the last promotion, while its slot still holds it
     _bindings: OrderedDict[str, _Binding] = field(default_factory=OrderedDict)
     _canary_started: float = 0.0
 
     # ------------------------------------------------------------------ routing
 
     def served(self) -> set[int]:
-        """Versions a conversation may be served by now."""
-        return {self.stable_version} | ({self.canary_version} if self.canary_version is not None else set())
+        """Versions a conversation may be served by now: stable, the canary, and the previous stable while its
+        slot holds it (conversations bound to it keep it until the slot is reused for the next candidate)."""
+        return {v for v in (self.stable_version, self.canary_version, self.retired) if v is not None}
 
     def route(self, conversation: str) -> int:
         """The version that serves this conversation's next turn (binding it on its first)."""
@@ -137,10 +146,32 @@ class Canary:
                    f"{1 - self.options.canary_alpha:.0%} interval [{cmp.lower:+.3f}, {cmp.upper:+.3f}]")
         if cmp.upper < 0:
             return self._decide("rollback", "auto", f"worse than stable ({numbers})", cmp)
+        floor = self.options.canary_floor
+        if floor is not None:
+            lo, hi = self.mean_interval(self.canary_version)
+            at = f"canary mean {self.rewards[self.canary_version].mean:+.3f}, interval [{lo:+.3f}, {hi:+.3f}]"
+            if hi < floor:
+                return self._decide("rollback", "auto", f"below the quality floor {floor:+.3f} ({at})", cmp)
+            if lo < floor:
+                return None  # not yet shown to hold the floor
+            numbers += f"; above the quality floor {floor:+.3f} ({at})"
         if cmp.lower > -self.options.canary_margin:
+            held = self.hold(self.canary_version) if self.hold is not None else None
+            if held is not None:
+                if held != self._held:
+                    self._held = held
+                    self._record("hold", self.canary_version, "auto", f"promotion held: {held} ({numbers})", cmp)
+                return None
             return self._decide("promote", "auto",
                                 f"not worse than stable by more than {self.options.canary_margin} ({numbers})", cmp)
         return None
+
+    def mean_interval(self, version: int) -> tuple[float, float]:
+        """The always-valid interval of one version's mean reward (at alpha / 2, as in the comparison)."""
+        o = self.options
+        t = self._tally(version)
+        r = radius(t.n, low=o.reward_low, high=o.reward_high, alpha=o.canary_alpha / 2, plan=o.canary_plan_samples)
+        return max(t.mean - r, o.reward_low), min(t.mean + r, o.reward_high)
 
     def comparison(self) -> Comparison | None:
         """The running test of the canary against stable (None: no canary)."""
@@ -168,6 +199,8 @@ class Canary:
         if version in self.rewards or version == self.stable_version:
             raise ValueError(f"version {version} was served before; a candidate needs a new version")
         self.canary_version = version
+        self.retired = None  # its slot now holds the candidate
+        self._held = None
         self._canary_started = self.clock()
         return self._record("start", version, "auto", reason)
 
@@ -187,7 +220,7 @@ class Canary:
             raise ValueError("no canary is running")
         version = self.canary_version
         if action == "promote":
-            self.stable_version = version
+            self.retired, self.stable_version = self.stable_version, version
         self.canary_version = None
         return self._record(action, version, by, reason, cmp)
 
@@ -208,6 +241,7 @@ class Canary:
         return {
             "stable_version": self.stable_version,
             "canary_version": self.canary_version,
+            "retired_version": self.retired,
             "canary_share": self.options.canary_share,
             "pinned": self.pinned,
             "state": "pinned" if self.pinned else ("canary" if self.canary_version is not None else "stable"),

@@ -20,7 +20,7 @@ is what authenticates. After a restart the mapping is rebuilt from the sessions'
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from rlgate.core.request_scope import on_write_failure
 from rlgate.core.sessions import SessionManager
@@ -58,8 +58,12 @@ class Conversations:
 
     def __init__(self, sessions: SessionManager) -> None:
         self.sessions = sessions
+        # called with the tenant id before a new session starts (online/quotas.py: make room or refuse)
+        self.admit: Callable[[str], None] | None = None
         self._current: dict[tuple[str, str | None], str] = {}  # (tenant, conversation) -> session receiving it
         self._by_tenant: dict[str, dict[str, None]] = {}  # tenant -> its held sessions (ordered set)
+        # the policy a tenant's new session is bound to (online/tenant_policies.py; None: unbound)
+        self.policy_of: Callable[[str], str | None] = lambda tenant_id: None
 
     def restore(self) -> None:
         """Rebuild the maps from the sessions the session manager restored."""
@@ -80,8 +84,11 @@ class Conversations:
         session = self.sessions.sessions.get(sid) if sid is not None else None
         if session is not None and self._usable(session):
             return session
+        if self.admit is not None:
+            self.admit(tenant.id)
         new, _ = self.sessions.start_session(f"tenant-{tenant.id}", mode="token_exact",
-                                             metadata={TENANT_KEY: tenant.id, CONVERSATION_KEY: conversation_id})
+                                             metadata={TENANT_KEY: tenant.id, CONVERSATION_KEY: conversation_id},
+                                             policy=self.policy_of(tenant.id))
         previous = self._current.get(key)
         self._current[key] = new.id
         self._by_tenant.setdefault(tenant.id, {})[new.id] = None
@@ -136,8 +143,25 @@ class Conversations:
                     return s, found
         return None
 
+    def canonical(self, tenant: str, conversation_id: str) -> str:
+        """The id a conversation is known by: in the tenant's shared (header-less) sessions a conversation is a
+        tree named by its first turn, so a later turn's id names the tree it belongs to (its root's id)."""
+        for s in self.sessions_of(tenant):
+            if s.metadata.get(CONVERSATION_KEY) is None:
+                turn = s.interactions.get(conversation_id)
+                if turn is not None:
+                    return self.root_of(s, turn).id
+        return conversation_id
+
+    def last_turn(self, tenant: str, conversation_id: str) -> Interaction | None:
+        """The conversation's latest completed turn (what conversation-level feedback is credited to)."""
+        turns = [t for _, ts in self.turns_of(tenant, conversation_id) for t in ts if t.completed]
+        return max(turns, key=lambda t: (t.completed_at or t.created_at)) if turns else None
+
     def turns_of(self, tenant: str, conversation_id: str) -> list[tuple[Session, list[Interaction]]]:
-        """Every held turn of a conversation, by session (whole sessions for a named conversation)."""
+        """Every held turn of a conversation, by session (whole sessions for a named conversation); a
+        header-less conversation may be named by any of its turns (see :meth:`canonical`)."""
+        conversation_id = self.canonical(tenant, conversation_id)
         out = []
         for s in self.sessions_of(tenant):
             named = s.metadata.get(CONVERSATION_KEY)

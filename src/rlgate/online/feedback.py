@@ -19,7 +19,9 @@ kind            value
                 two events sharing ``metadata["pair"]``, each naming the other reply in
                 ``metadata["other"]``
 ``comment``     the text (it carries no reward)
-``outcome``     any finite number (the outcome's reward)
+``outcome``     a finite number within the configured range (``--outcome-low`` .. ``--outcome-high``,
+                default -1 .. 1): the outcome's reward; outside it the request is refused
+                (400), so no single event can outweigh every other reward
 ``implicit``    the signal: ``regenerate``, ``edit``, ``abandon`` or ``tool_error``
 ==============  ==============================================================================
 """
@@ -70,7 +72,8 @@ def new_feedback_id() -> str:
     return "fb-" + secrets.token_hex(12)
 
 
-def check_value(kind: str, value: Any, *, max_comment_chars: int) -> float | str:
+def check_value(kind: str, value: Any, *, max_comment_chars: int,
+                outcome_range: tuple[float, float] = (-1.0, 1.0)) -> float | str:
     """The value stored for ``kind`` (see the module docstring); ``ValueError`` says what is wrong."""
     if kind not in FEEDBACK_KINDS:
         raise ValueError(f"unknown feedback kind {kind!r} (one of {', '.join(FEEDBACK_KINDS)})")
@@ -91,4 +94,8 @@ def check_value(kind: str, value: Any, *, max_comment_chars: int) -> float | str
         raise ValueError(f"a {kind} value is 1 or -1")
     if kind == "rating" and not 1.0 <= number <= 5.0:
         raise ValueError("a rating is from 1 to 5")
+    low, high = outcome_range
+    if kind == "outcome" and not low <= number <= high:
+        raise ValueError(f"an outcome is a number from {low:g} to {high:g} (the gateway's --outcome-low and "
+                         "--outcome-high): one event must not outweigh every other reward")
     return number

@@ -13,14 +13,19 @@ events so far (a change of mind or a delayed outcome changes it):
   with the new reward, if it is still within the staleness bounds (the trainer checks); the canary
   keeps the first reward (one observation per turn).
 
-Conversation-level events (no ``interaction_id``) are credited to the conversation's last turn.
-Turns already deleted are skipped (the store no longer holds them). The map of turns already
-rewarded is bounded (oldest forgotten first).
+Conversation-level events (no ``interaction_id``: "the ticket was solved") are credited to the
+conversation's latest completed turn, whose sample holds the conversation so far: its reward is the
+RewardMap's over its own events and the conversation's, and it reaches the trainer and the canary
+like any turn's. Every reward is clipped to ``[reward_low, reward_high]`` (counted) and a
+non-finite one is dropped (counted; the HTTP edge already refuses such values). Turns already
+deleted are skipped (the store no longer holds them). The maps of turns already rewarded are bounded
+(oldest forgotten first).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -47,11 +52,13 @@ class FeedbackTail:
     def __init__(self, store: Any, reward_map: RewardMap, trainer: OnlineTrainer | None, canary: Canary | None, *,
                  find_turn: FindTurn, conversation_of: Callable[[Session, Interaction], str],
                  last_turn: Callable[[str, str], Interaction | None] | None = None,
-                 redact: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None) -> None:
+                 redact: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+                 bounds: tuple[float, float] = (-1.0, 1.0)) -> None:
         """``store``: part 1's ``OnlineRecords`` (``list_feedback``); ``find_turn(tenant, interaction_id)``;
         ``conversation_of(session, turn)``; ``last_turn(tenant, conversation_id)`` for conversation-level
         events (None: those are skipped); ``redact``: the operator's redaction hook, applied to every sample
-        before the trainer sees it (None: withheld)."""
+        before the trainer sees it (None: withheld); ``bounds``: the reward range (``reward_low``,
+        ``reward_high``)."""
         self.store = store
         self.reward_map = reward_map
         self.trainer = trainer
@@ -60,10 +67,13 @@ class FeedbackTail:
         self.conversation_of = conversation_of
         self.last_turn = last_turn
         self.redact = redact
+        self.bounds = bounds
         self.cursor = 0
         self.rewards: OrderedDict[str, float] = OrderedDict()  # turn id -> its last reward
+        self.credited: OrderedDict[str, str] = OrderedDict()  # turn id -> the conversation whose events it carries
         self.counts = {"events": 0, "rewarded_turns": 0, "reward_changes": 0, "turn_not_found": 0,
-                       "withheld_by_redaction": 0}
+                       "withheld_by_redaction": 0, "conversation_events": 0, "rewards_clipped": 0,
+                       "rewards_nonfinite": 0}
 
     def poll(self, limit: int = 1000) -> int:
         """Read the events since the cursor; how many were read."""
@@ -81,19 +91,37 @@ class FeedbackTail:
         if turn_id is None:
             last = self.last_turn(event.tenant, event.conversation_id) if self.last_turn else None
             if last is None:
+                self.counts["turn_not_found"] += 1
                 return
+            self.counts["conversation_events"] += 1
             turn_id = last.id
+            self.credited[turn_id] = event.conversation_id
+            self.credited.move_to_end(turn_id)
+            while len(self.credited) > KEEP_TURNS:
+                self.credited.popitem(last=False)
         found = self.find_turn(event.tenant, turn_id)
         if found is None or not found[1].completed:
             self.counts["turn_not_found"] += 1
             return
         session, turn = found
         events = self.store.list_feedback(tenant=event.tenant, interaction_id=turn_id).events
-        if event.interaction_id is None:
+        conversation = self.credited.get(turn_id)
+        if conversation is not None:  # the conversation's own events count on the turn they were credited to
+            events += [e for e in self.store.list_feedback(tenant=event.tenant, conversation_id=conversation).events
+                       if e.interaction_id is None]
+        if event.interaction_id is None and all(e.id != event.id for e in events):
             events = [*events, event]
         reward = self.reward_map.reward(events)
         if reward is None:
             return
+        if not math.isfinite(reward):
+            self.counts["rewards_nonfinite"] += 1
+            log.error("feedback on turn %s gave a non-finite reward (%r): dropped", turn_id, reward)
+            return
+        low, high = self.bounds
+        if not low <= reward <= high:
+            self.counts["rewards_clipped"] += 1
+            reward = min(max(reward, low), high)
         previous = self.rewards.get(turn_id)
         if previous == reward:
             return

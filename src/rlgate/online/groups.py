@@ -19,7 +19,9 @@ trainer a :class:`LiveGroup`: k samples of one prompt with rewards, a proper GRP
   object with ``async score_group(episodes) -> list[float]`` (a judge scoring the replies side by
   side, e.g. ``mypkg.rewards:judge`` holding ``Judge("http://judge:9000/v1", rubric=...)`` from
   ``rlgate.rewards.judge``; each reply is handed over as a :class:`LiveEpisode`) or a function
-  ``(sample) -> float`` (or awaitable) applied to each reply.
+  ``(sample) -> float`` (or awaitable) applied to each reply. Scores are clipped to
+  ``[reward_low, reward_high]`` (counted); a group with a non-finite score is dropped (outcome
+  ``nonfinite_reward``, logged), so a broken judge cannot poison the trainer.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import dataclasses
 import importlib
 import inspect
 import logging
+import math
 import random
 import time
 from collections import Counter
@@ -44,7 +47,7 @@ from rlgate.trajectory.sample import Sample
 
 log = logging.getLogger("rlgate.online.groups")
 
-OUTCOMES = ("started", "completed", "skipped_budget", "shed_load", "failed")
+OUTCOMES = ("started", "completed", "skipped_budget", "shed_load", "failed", "nonfinite_reward")
 
 
 class GroupScorer(Protocol):
@@ -152,6 +155,7 @@ class LiveGroups:
         self.budget = TokenBudget(options.group_tokens_per_minute, clock)
         self.counts: Counter[str] = Counter({k: 0 for k in OUTCOMES})
         self.extra_tokens = 0  # generated for live groups, all time
+        self.clipped_rewards = 0  # scores outside [reward_low, reward_high], clipped into it
         self._tasks: set[asyncio.Task[None]] = set()
 
     def offer(self, interaction: Interaction, sampling: SamplingParams, conversation: str,
@@ -197,8 +201,15 @@ class LiveGroups:
             rewards = await self.scorer(samples)
             if len(rewards) != len(samples):
                 raise ValueError(f"group_reward gave {len(rewards)} rewards for {len(samples)} replies")
-            for j, (s, reward) in enumerate(zip(samples, rewards, strict=True)):
-                s.reward, s.group_id, s.episode = float(reward), group_id, j
+            if not all(math.isfinite(r) for r in rewards):  # a broken judge must not poison the trainer
+                self.counts["nonfinite_reward"] += 1
+                log.error("live group on %s: group_reward gave non-finite rewards %s: dropped", inter.id, rewards)
+                return
+            low, high = self.options.reward_low, self.options.reward_high
+            clipped = [min(max(float(r), low), high) for r in rewards]
+            self.clipped_rewards += sum(1 for r, c in zip(rewards, clipped, strict=True) if r != c)
+            for j, (s, reward) in enumerate(zip(samples, clipped, strict=True)):
+                s.reward, s.group_id, s.episode = reward, group_id, j
             self.sink(LiveGroup(group_id, conversation, tenant, samples))
             self.counts["completed"] += 1
         except asyncio.CancelledError:
@@ -222,6 +233,7 @@ class LiveGroups:
 
     def snapshot(self) -> Mapping[str, Any]:
         return {**self.counts, "in_flight": self.in_flight, "extra_tokens": self.extra_tokens,
+                "clipped_rewards": self.clipped_rewards,
                 "budget_tokens": round(max(self.budget.tokens, 0.0))}
 
     async def close(self) -> None:

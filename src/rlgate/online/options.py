@@ -8,6 +8,7 @@ each part.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from rlgate.config import option
 
@@ -45,6 +46,8 @@ class OnlineOptions:
                                     "on (within the staleness bounds)")
     replay_capacity: int = option(512, "samples kept for replay at most")
     retention_hours: float = option(24.0, "samples leave the replay buffer after this many hours")
+    tenant_train_share: float = option(0.5, "while other tenants' samples wait, one tenant's samples make at most "
+                                       "this share of a step's fresh samples")
     # ---- canary
     canary_share: float = option(0.2, "share of new conversations a candidate checkpoint serves")
     canary_alpha: float = option(0.05, "error level of the canary's sequential test (confidence sequence)")
@@ -52,15 +55,39 @@ class OnlineOptions:
                                   "more than this (in reward units)")
     canary_min_samples: int = option(20, "rewards each version needs before an automatic decision")
     canary_plan_samples: int = option(200, "sample size where the test's interval is tightest")
+    canary_floor: float | None = option(None, "a fixed quality floor: the canary is promoted only once its mean "
+                                        "live reward is shown at or above it, rolled back once shown below it "
+                                        "(none: only 'not worse than stable')")
     reward_low: float = option(-1.0, "lowest live reward (the test clips rewards to [low, high])")
     reward_high: float = option(1.0, "highest live reward")
-    conversation_idle_s: float = option(600.0, "a conversation idle this long may move to another version "
-                                        "(its weights slot is reused); active ones keep theirs")
+    conversation_idle_s: float = option(60.0, "after a promotion the next candidate waits until the previous "
+                                        "stable version's conversations have been idle this long (they keep "
+                                        "their version until then; an idle one may move at its next turn)")
+    # ---- reward-hacking guards (online/hacking.py)
+    hacking_action: Literal["alarm", "pause", "rollback"] = option(
+        "pause", "what a reward-hacking guard firing on the canary does: alarm (log, /health, metrics), pause (also "
+        "no automatic promotion while it fires) or rollback (the canary is rolled back)")
+    hacking_reference_replies: int = option(200, "replies of the starting version that teach the guards the users' "
+                                          "vocabulary, then as many that measure the reference rates")
+    hacking_window: int = option(200, "a version's last replies the guards look at")
+    hacking_min_replies: int = option(50, "replies of a version before its guards may fire (and before it may be "
+                                    "promoted automatically unless hacking_action is alarm)")
+    hacking_margin: float = option(0.15, "a guard fires when a version's rate of a sign exceeds the reference's by "
+                                 "more than this")
+    hacking_entropy_ratio: float = option(0.3, "entropy collapse: a version's mean surprisal per sampled token below "
+                                        "this fraction of the reference's")
+    heldout_check: str | None = option(None, "package.module:attribute: an object with .prompts (lists of chat "
+                                       "messages) and .score(messages, reply) -> float, run on every candidate and "
+                                       "its stable version (operator code, loaded once; none: no held-out guard)",
+                                       metavar="PATH")
+    heldout_margin: float = option(0.1, "the held-out guard fires when a candidate scores more than this below "
+                                   "stable")
+    heldout_max_tokens: int = option(32, "tokens per held-out reply (greedy)")
     max_conversations: int = option(100_000, "conversation-to-version bindings kept at most (least recent "
                                     "dropped)")
 
     def __post_init__(self) -> None:
-        for name in ("group_fraction", "replay_fraction", "canary_share"):
+        for name in ("group_fraction", "replay_fraction", "canary_share", "tenant_train_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1]")
         if self.candidate_steps < 1:

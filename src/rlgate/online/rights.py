@@ -78,12 +78,22 @@ class DataRights:
         self.records = records
         self.implicit = implicit
         self.notifier = DeletionNotifier()
+        self.on_feedback_deleted: Callable[[str], None] | None = None  # a tenant's events were deleted
         self.deleted = {"conversations": 0, "tenants": 0, "sessions": 0, "turns": 0}
 
     def delete_conversation(self, tenant: str, conversation_id: str, *, reason: str = "request") -> Deletion:
+        """Delete a conversation (a header-less one may be named by any of its turns: its tree goes whole),
+        its feedback, and both events of every preference that named one of its replies (the other event
+        is stored under the other reply's conversation, and names this one's reply)."""
+        conversation_id = self.conversations.canonical(tenant, conversation_id)
         found = self.conversations.turns_of(tenant, conversation_id)
         deletion = self._delete(tenant, found, {conversation_id}, reason=reason, whole_tenant=False)
-        self.records.delete_feedback(tenant=tenant, conversation_id=conversation_id)
+        pairs = {str(e.metadata["pair"]) for e in self.records.list_feedback(
+            tenant=tenant, conversation_id=conversation_id, limit=1_000_000).events if "pair" in e.metadata}
+        self.records.delete_feedback(tenant=tenant, conversation_id=conversation_id, pairs=sorted(pairs),
+                                     interaction_ids=deletion.interaction_ids)
+        if self.on_feedback_deleted is not None:
+            self.on_feedback_deleted(tenant)
         self.deleted["conversations"] += 1
         self.notifier.notify(deletion)
         return deletion
@@ -93,6 +103,8 @@ class DataRights:
         conversations = {self.conversations.conversation_of(s, i) for s, turns in found for i in turns}
         deletion = self._delete(tenant, found, conversations, reason=reason, whole_tenant=True)
         self.records.delete_feedback(tenant=tenant)
+        if self.on_feedback_deleted is not None:
+            self.on_feedback_deleted(tenant)
         self.deleted["tenants"] += 1
         self.notifier.notify(deletion)
         return deletion

@@ -6,7 +6,9 @@ this wrapper, so no tenant, feedback or deletion write can be answered 2xx befor
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from rlgate.core.request_scope import current_scope
 from rlgate.online.feedback import FeedbackEvent, FeedbackPage
@@ -26,8 +28,9 @@ def _noted(seq: int) -> int:
 class ScopedOnlineRecords:
     """:class:`~rlgate.store.online.OnlineRecords` whose writes are recorded in the current request's scope."""
 
-    def __init__(self, inner: OnlineRecords) -> None:
+    def __init__(self, inner: OnlineRecords, durable: Any = None) -> None:
         self.inner = inner
+        self.durable: Any = durable if durable is not None else inner  # the Store (wait_durable)
 
     def save_tenant(self, tenant: Tenant) -> int:
         return _noted(self.inner.save_tenant(tenant))
@@ -51,11 +54,21 @@ class ScopedOnlineRecords:
         return self.inner.count_feedback(tenant=tenant, conversation_id=conversation_id,
                                          interaction_id=interaction_id)
 
-    def delete_feedback(self, *, tenant: str, conversation_id: str | None = None) -> int:
-        return _noted(self.inner.delete_feedback(tenant=tenant, conversation_id=conversation_id))
+    def delete_feedback(self, *, tenant: str, conversation_id: str | None = None, pairs: Sequence[str] = (),
+                        interaction_ids: Sequence[str] = ()) -> int:
+        return _noted(self.inner.delete_feedback(tenant=tenant, conversation_id=conversation_id, pairs=pairs,
+                                                 interaction_ids=interaction_ids))
 
     def purge_feedback(self, before: float) -> int:
         return _noted(self.inner.purge_feedback(before))
 
     def delete_interactions(self, session_id: str, interaction_ids: Sequence[str]) -> int:
         return _noted(self.inner.delete_interactions(session_id, interaction_ids))
+
+    async def forget_deleted(self) -> None:
+        """Once the current request's writes are durable, make the store's files forget what it deleted
+        (``OnlineRecords.forget_deleted`` on a thread): the deletion's 2xx comes after both."""
+        scope = current_scope()
+        if scope is not None:
+            await scope.wait_durable(self.durable)
+        await asyncio.to_thread(self.inner.forget_deleted)

@@ -8,6 +8,7 @@ Routes call the methods here (``api/online/router.py``); nothing in it knows abo
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import time
@@ -20,6 +21,7 @@ from rlgate.core.sessions import SessionManager
 from rlgate.errors import InvalidRequest, NotFound, PermissionDenied, RateLimited
 from rlgate.metrics.feedback import FeedbackMetrics
 from rlgate.online.conversations import Conversations, conversation_id_from_headers
+from rlgate.online.counters import replay_feedback
 from rlgate.online.feedback import (
     FeedbackEvent,
     FeedbackPage,
@@ -28,6 +30,7 @@ from rlgate.online.feedback import (
     new_feedback_id,
 )
 from rlgate.online.implicit import ImplicitSignals, version_of
+from rlgate.online.quotas import TenantQuotas
 from rlgate.online.redaction import Redactor, load_redactor
 from rlgate.online.retention import purge_expired
 from rlgate.online.reward_map import RewardMap
@@ -64,6 +67,8 @@ class OnlineGateway:
     implicit: ImplicitSignals = field(init=False)
     rights: DataRights = field(init=False)
     redact: Redactor | None = field(init=False, default=None)
+    quotas: TenantQuotas = field(init=False)
+    _replayed_implicit: set[str] = field(init=False, default_factory=set)  # replay_feedback's, until the first scan
 
     @classmethod
     def build(cls, config: OnlineConfig, sessions: SessionManager, store: OnlineRecords,
@@ -83,6 +88,12 @@ class OnlineGateway:
         except Exception as exc:  # re.error
             raise ValueError(f"--tool-error-pattern: {exc}") from exc
         self.rights = DataRights(self.sessions, self.conversations, self.records, self.implicit)
+        self.quotas = TenantQuotas(self.config, self.sessions, self.conversations,
+                                   lambda tenant: self.records.count_feedback(tenant=tenant))
+        self.conversations.admit = self.quotas.admit
+        self.rights.on_feedback_deleted = self.quotas.feedback_deleted
+        # the stored feedback counted again (the turns are, by the scan): the metrics survive a restart
+        self._replayed_implicit = replay_feedback(self.records, self.conversations, self.metrics, self.reward_map)
         if self.config.redaction_hook:
             self.redact = load_redactor(self.config.redaction_hook)
             self.sessions.redact = self.redact
@@ -154,7 +165,7 @@ class OnlineGateway:
             owner = session.metadata.get("tenant")
             assert isinstance(owner, str)
             conversation = self.conversations.conversation_of(session, turn)
-            if conversation_id is not None and conversation_id != conversation:
+            if conversation_id is not None and self.conversations.canonical(owner, conversation_id) != conversation:
                 raise InvalidRequest(f"turn {interaction_id!r} is not in conversation {conversation_id!r}",
                                      param="conversation_id")
             if not turn.completed:
@@ -166,6 +177,7 @@ class OnlineGateway:
                                  "(conversation_id)", param="interaction_id")
         if tenant is None:
             raise InvalidRequest("with the admin key, conversation-level feedback needs tenant_id", param="tenant_id")
+        conversation_id = self.conversations.canonical(tenant, conversation_id)
         held = self.conversations.turns_of(tenant, conversation_id)
         turns = [t for _, ts in held for t in ts if t.completed]
         if not held:
@@ -174,40 +186,56 @@ class OnlineGateway:
 
     def record(self, target: FeedbackTarget, kind: str, value: Any, source: FeedbackSource, *,
                metadata: dict[str, Any] | None = None,
-               other: Interaction | None = None) -> tuple[list[FeedbackEvent], float | None]:
-        """Store explicit or delayed feedback on ``target`` (a preference: on it and on ``other``); the
-        events and the target's reward now."""
+               other: tuple[Session, Interaction] | None = None) -> tuple[list[FeedbackEvent], float | None]:
+        """Store explicit or delayed feedback on ``target`` (a preference: on it and on ``other``, each under
+        its own conversation); the events and the target's reward now."""
+        c = self.config
         try:
-            stored = check_value(kind, value, max_comment_chars=self.config.max_comment_chars)
+            stored = check_value(kind, value, max_comment_chars=c.max_comment_chars,
+                                 outcome_range=(c.outcome_low, c.outcome_high))
         except ValueError as exc:
             raise InvalidRequest(str(exc), param="value") from None
         if kind == "implicit":
             raise InvalidRequest("implicit signals are the gateway's own: send thumbs, rating, preference, "
                                  "comment or outcome", param="kind")
+        meta = dict(metadata or {})
+        if meta and len(json.dumps(meta, separators=(",", ":"))) > c.max_feedback_metadata_bytes:
+            raise InvalidRequest(f"metadata holds at most {c.max_feedback_metadata_bytes} bytes of JSON "
+                                 "(--max-feedback-metadata-bytes)", param="metadata")
         turn_id = target.interaction.id if target.interaction is not None else None
         if kind == "preference" and (other is None or turn_id is None):
             raise InvalidRequest("a preference names two replies: interaction_id and other_interaction_id",
                                  param="other_interaction_id")
-        pairs: list[tuple[str | None, float | str, int | None, dict[str, Any]]] = []
-        meta = dict(metadata or {})
+        # (turn, value, version, conversation, metadata) of each event
+        pairs: list[tuple[str | None, float | str, int | None, str, dict[str, Any]]] = []
         if kind == "preference" and other is not None:
+            other_session, other_turn = other
+            if other_turn.id == turn_id:
+                raise InvalidRequest("a preference compares two different replies: other_interaction_id names "
+                                     "the same reply", param="other_interaction_id")
             pair = "pair-" + secrets.token_hex(8)
-            pairs.append((turn_id, stored, target.version, {**meta, "pair": pair, "other": other.id}))
-            pairs.append((other.id, -float(stored), version_of(other), {**meta, "pair": pair, "other": turn_id}))
+            pairs.append((turn_id, stored, target.version, target.conversation_id,
+                          {**meta, "pair": pair, "other": other_turn.id}))
+            pairs.append((other_turn.id, -float(stored), version_of(other_turn),
+                          self.conversations.conversation_of(other_session, other_turn),
+                          {**meta, "pair": pair, "other": turn_id}))
         else:
-            pairs.append((turn_id, stored, target.version, meta))
-        for tid, _, _, _ in pairs:
-            if self.records.count_feedback(tenant=target.tenant, conversation_id=target.conversation_id,
-                                           interaction_id=tid) >= self.config.max_feedback_per_target:
-                raise RateLimited(f"{tid or target.conversation_id!r} has max_feedback_per_target="
-                                  f"{self.config.max_feedback_per_target} feedback events", code="too_much_feedback")
-        events = [FeedbackEvent(id=new_feedback_id(), tenant=target.tenant, conversation_id=target.conversation_id,
+            pairs.append((turn_id, stored, target.version, target.conversation_id, meta))
+        for tid, _, _, conversation, _ in pairs:
+            if self.records.count_feedback(tenant=target.tenant, conversation_id=conversation,
+                                           interaction_id=tid) >= c.max_feedback_per_target:
+                raise RateLimited(f"{tid or conversation!r} has max_feedback_per_target="
+                                  f"{c.max_feedback_per_target} feedback events", code="too_much_feedback")
+        self.quotas.check_feedback(target.tenant, len(pairs))
+        events = [FeedbackEvent(id=new_feedback_id(), tenant=target.tenant, conversation_id=conversation,
                                 interaction_id=tid, kind=kind, value=v, source=source,  # type: ignore[arg-type]
-                                policy_version=version, metadata=m) for tid, v, version, m in pairs]
+                                policy_version=version, metadata=m) for tid, v, version, conversation, m in pairs]
         rewards = [self._store(e) for e in events]
         return events, rewards[0]
 
     def _emit_implicit(self, event: FeedbackEvent) -> None:
+        if event.id in self._replayed_implicit:  # found again in a restored turn: stored and counted already
+            return
         self._store(event)
 
     def _store(self, event: FeedbackEvent) -> float | None:
@@ -243,14 +271,23 @@ class OnlineGateway:
     # ------------------------------------------------------------------ background
 
     async def run(self) -> None:
-        """Scan for implicit signals and purge by age, forever (cancelled at shutdown)."""
+        """Scan for implicit signals, release idle conversations and purge by age, forever (cancelled at
+        shutdown)."""
         next_purge = 0.0
+        first = True
         while True:
-            await asyncio.sleep(self.config.implicit_scan_interval)
+            if not first:  # the first scan at once: the restored turns are counted from the start
+                await asyncio.sleep(self.config.implicit_scan_interval)
             try:
                 self.implicit.scan()
+                self.quotas.release_idle()
+                if first:
+                    self._replayed_implicit.clear()  # every restored turn was looked at
                 if self.config.data_retention_hours > 0 and time.monotonic() >= next_purge:
                     next_purge = time.monotonic() + self.config.retention_interval
                     purge_expired(self.conversations, self.rights, self.records, self.config.data_retention_hours)
+                    self.quotas.feedback_deleted()
+                    await self.records.forget_deleted()  # the purged data leaves the store's files too
             except Exception:  # noqa: BLE001 - the loop must never die
                 log.exception("online background pass failed")
+            first = False

@@ -22,7 +22,17 @@ stays free of torch) and offers the new weights as the next canary candidate.
   for ``retention_hours``); a step adds ``replay_fraction`` of its size drawn from it, still within
   the staleness bounds.
 * **Deletion.** :meth:`forget` (the data-rights notifier calls it) drops a conversation's or a
-  tenant's samples from the queue and the replay buffer, so nothing deleted is trained afterwards.
+  tenant's samples from the queue and the replay buffer, so nothing deleted is trained afterwards;
+  samples of the step running at that moment are marked, and leave with it instead of entering the
+  replay buffer.
+* **Fair share.** While other tenants' samples wait, one tenant's samples make at most
+  ``tenant_train_share`` of a step's fresh samples; when the queue overflows, the tenant holding the
+  most pending samples loses its oldest first.
+* **Poison.** A sample whose reward or recorded logprobs are not finite is dropped on arrival
+  (counted). A step the stepper stops for a non-finite loss, gradient or weight
+  (:class:`NonFiniteStep`) is discarded whole: its samples are dropped (not replayed), nothing is
+  published, the alarm is raised (``alarm``: the gateway's ``nonfinite_steps`` guard and an ERROR
+  line), and the next step starts from weights the stepper kept finite.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import random
 import time
 from collections import Counter, deque
@@ -44,7 +55,25 @@ from rlgate.trajectory.sample import Sample
 log = logging.getLogger("rlgate.online.trainer")
 
 COUNTS = ("received_group_samples", "received_feedback_samples", "dropped_stale_versions", "dropped_stale_hours",
-          "dropped_overflow", "dropped_deleted", "trained_samples", "replayed_samples", "steps", "published")
+          "dropped_overflow", "dropped_deleted", "dropped_nonfinite", "trained_samples", "replayed_samples", "steps",
+          "nonfinite_steps", "published")
+
+
+class NonFiniteStep(Exception):  # noqa: N818 - it names what happened, as StopIteration does
+    """The stepper stopped a step: its loss, a gradient or the weights were not finite. ``reverted``: the
+    weights were set back to the last published version's (the unpublished steps are lost)."""
+
+    def __init__(self, what: str, *, reverted: bool = False) -> None:
+        super().__init__(what)
+        self.what = what
+        self.reverted = reverted
+
+
+def finite_sample(sample: Sample) -> bool:
+    """A sample a step can take: a finite reward and finite recorded logprobs on its generated tokens."""
+    if sample.reward is None or not math.isfinite(sample.reward):
+        return False
+    return all(math.isfinite(lp) for lp, m in zip(sample.logprobs, sample.loss_mask, strict=False) if m)
 
 
 class Stepper(Protocol):
@@ -87,6 +116,9 @@ class OnlineTrainer:
         self.counts: Counter[str] = Counter({k: 0 for k in COUNTS})
         self.last_step: dict[str, float] = {}  # metrics of the last step (staleness included)
         self._epoch = 0  # bumped by reset(): a step that ran across a revert leaves nothing to publish
+        self._running: list[Unit] = []  # the fresh units of the step in flight
+        self._doomed: set[int] = set()  # ids of running units deleted meanwhile (they leave with the step)
+        self.alarm: Callable[[str, int, int], None] | None = None  # (guard, failures, events): the gateway's guards
         self._wake = asyncio.Event()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-online-train")
 
@@ -107,11 +139,27 @@ class OnlineTrainer:
         self._add(Unit([sample], "feedback", conversation, tenant, generated_at))
 
     def _add(self, unit: Unit) -> None:
+        if not all(finite_sample(s) for s in unit.samples):
+            self.counts["dropped_nonfinite"] += len(unit.samples)
+            log.error("online trainer: a %s sample of conversation %s has a non-finite reward or logprob: dropped",
+                      unit.kind, unit.conversation)
+            return
         self.pending.append(unit)
         while self.pending_samples > self.options.pending_limit:
-            old = self.pending.popleft()
-            self.counts["dropped_overflow"] += len(old.samples)
+            self._drop_overflow()
         self._wake.set()
+
+    def _drop_overflow(self) -> None:
+        """The queue is full: the oldest unit of the tenant holding the most pending samples goes."""
+        held: Counter[str | None] = Counter()
+        for u in self.pending:
+            held[u.tenant] += len(u.samples)
+        heaviest = max(held, key=lambda t: held[t])
+        for i, u in enumerate(self.pending):
+            if u.tenant == heaviest:
+                del self.pending[i]
+                self.counts["dropped_overflow"] += len(u.samples)
+                return
 
     def forget_turns(self, turn_ids: set[str] | frozenset[str]) -> int:
         """Drop every queued or replayable unit that holds one of these (deleted) turns: a rewarded turn, or
@@ -139,6 +187,10 @@ class OnlineTrainer:
             dropped += sum(len(u.samples) for u in q) - sum(len(u.samples) for u in keep)
             q.clear()
             q.extend(keep)
+        for u in self._running:  # in the step now: it leaves with the step, never replayed
+            if id(u) not in self._doomed and doomed(u):
+                self._doomed.add(id(u))
+                dropped += len(u.samples)
         self.counts["dropped_deleted"] += dropped
         return dropped
 
@@ -173,12 +225,7 @@ class OnlineTrainer:
         self.pending.extend(kept)
         if self.pending_samples < self.options.train_batch:
             return None
-        fresh: list[Unit] = []
-        taken = 0
-        while self.pending and (not fresh or taken + len(self.pending[0].samples) <= self.options.train_batch_max):
-            unit = self.pending.popleft()
-            fresh.append(unit)
-            taken += len(unit.samples)
+        fresh = self._fair_take()
         horizon = now - self.options.retention_hours * 3600
         alive = [u for u in self.replay if u.generated_at >= horizon]
         self.replay.clear()
@@ -193,6 +240,32 @@ class OnlineTrainer:
             replayed.append(u)
             want -= len(u.samples)
         return fresh, replayed
+
+    def _fair_take(self) -> list[Unit]:
+        """A step's fresh units, oldest first, at most ``train_batch_max`` samples; while other tenants' samples
+        wait, one tenant's take at most ``tenant_train_share`` of the step (the rest wait their turn)."""
+        o = self.options
+        cap = max(1, math.ceil(o.tenant_train_share * o.train_batch_max))
+        waiting: Counter[str | None] = Counter(u.tenant for u in self.pending)
+        by_tenant: Counter[str | None] = Counter()
+        fresh: list[Unit] = []
+        kept: list[Unit] = []
+        taken = 0
+        for unit in self.pending:
+            n = len(unit.samples)
+            room = not fresh or taken + n <= o.train_batch_max
+            others = any(k > 0 for t, k in waiting.items() if t != unit.tenant)
+            fair = not others or by_tenant[unit.tenant] == 0 or by_tenant[unit.tenant] + n <= cap
+            if room and fair:
+                fresh.append(unit)
+                taken += n
+                by_tenant[unit.tenant] += n
+            else:
+                kept.append(unit)
+            waiting[unit.tenant] -= 1
+        self.pending.clear()
+        self.pending.extend(kept)
+        return fresh
 
     @staticmethod
     def flatten(units: list[Unit]) -> tuple[list[Sample], list[str]]:
@@ -234,18 +307,29 @@ class OnlineTrainer:
         ages = [(now - u.generated_at) / 3600 for u in fresh + replayed]
         version = self.current_version
         metrics: dict[str, float] = {}
-        if samples:
-            loop = asyncio.get_running_loop()
-            epoch = self._epoch
-            metrics = await loop.run_in_executor(self._pool, self.stepper.step, samples, gids, version)
-            if epoch == self._epoch:
-                self.dirty = True
-                self.unpublished_steps += 1
-        self.counts["steps"] += 1
-        self.counts["trained_samples"] += sum(len(u.samples) for u in fresh)
-        self.counts["replayed_samples"] += sum(len(u.samples) for u in replayed)
-        for u in fresh:
-            self.replay.append(u)
+        self._running, self._doomed = fresh, set()  # (replayed units stay in the replay buffer meanwhile)
+        try:
+            if samples:
+                loop = asyncio.get_running_loop()
+                epoch = self._epoch
+                try:
+                    metrics = await loop.run_in_executor(self._pool, self.stepper.step, samples, gids, version)
+                except NonFiniteStep as exc:
+                    self._discard(exc, fresh, replayed)
+                    return {"nonfinite": 1.0}
+                if epoch == self._epoch:
+                    self.dirty = True
+                    self.unpublished_steps += 1
+            self.counts["steps"] += 1
+            self.counts["trained_samples"] += sum(len(u.samples) for u in fresh)
+            self.counts["replayed_samples"] += sum(len(u.samples) for u in replayed)
+            if self.alarm is not None:
+                self.alarm("nonfinite_steps", 0, 1)
+            for u in fresh:
+                if id(u) not in self._doomed:  # deleted while the step ran: never replayed
+                    self.replay.append(u)
+        finally:
+            self._running, self._doomed = [], set()
         while sum(len(u.samples) for u in self.replay) > self.options.replay_capacity:
             self.replay.popleft()
         rewards = [s.reward for s in samples if s.reward is not None]
@@ -255,6 +339,23 @@ class OnlineTrainer:
         self.last_step = metrics
         await self.try_publish()
         return metrics
+
+    def _discard(self, exc: NonFiniteStep, fresh: list[Unit], replayed: list[Unit]) -> None:
+        """A step stopped for a non-finite value: drop its samples, count and alarm; after a revert the
+        trainer's weights are the last published version's again."""
+        n = sum(len(u.samples) for u in fresh)
+        self.counts["nonfinite_steps"] += 1
+        self.counts["dropped_nonfinite"] += n
+        ids = {id(u) for u in replayed}
+        self.replay = deque(u for u in self.replay if id(u) not in ids)  # they were in this step too
+        if exc.reverted:
+            self.dirty, self.unpublished_steps = False, 0
+        if self.alarm is not None:
+            self.alarm("nonfinite_steps", 1, 1)
+        log.error("online trainer: step stopped (%s): its %d fresh and %d replayed samples are dropped, nothing "
+                  "is published%s", exc.what, n, sum(len(u.samples) for u in replayed),
+                  "; the weights are set back to the last published version" if exc.reverted else
+                  "; the weights are as before the step")
 
     async def try_publish(self) -> int | None:
         if not self.dirty or not self.publishing or self.unpublished_steps < self.options.candidate_steps:

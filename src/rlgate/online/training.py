@@ -12,16 +12,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from rlgate.engine.base import SamplingParams
-from rlgate.online.canary import Canary
+from rlgate.metrics.guards import GuardSet, GuardSpec
+from rlgate.online.canary import Canary, Decision
 from rlgate.online.feedback_source import FeedbackTail
 from rlgate.online.groups import OUTCOMES, LiveGroup, LiveGroups
+from rlgate.online.hacking import GUARDS, HackingGuards
+from rlgate.online.heldout import HeldOutCheck, heldout_score, load_heldout
 from rlgate.online.options import OnlineOptions
 from rlgate.online.redaction import Redactor
 from rlgate.online.rights import Deletion
@@ -52,15 +55,77 @@ class OnlineTraining:
     poll_interval: float = 0.25  # seconds between feedback polls
     redact: Redactor | None = None  # the operator's redaction hook (--redaction-hook): applied before the trainer
     withheld: int = 0  # samples the hook withheld (live groups here; feedback turns: FeedbackTail.counts)
+    hacking: HackingGuards | None = None  # the reward-hacking guards (built by __post_init__)
+    heldout: HeldOutCheck | None = None  # the operator's held-out check (--heldout-check)
+    encode: Callable[[list[dict[str, Any]]], list[int]] | None = None  # chat messages -> prompt ids (held-out)
+    decode: Callable[[list[int]], str] | None = None
+    stop_token_ids: tuple[int, ...] = ()
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _side: set[asyncio.Task[None]] = field(default_factory=set)  # held-out runs
+    _gateway_guards: GuardSet | None = None
+
+    def __post_init__(self) -> None:
+        if self.hacking is None:
+            self.hacking = HackingGuards(self.options, self.canary.stable_version)
+        self.canary.hold = self.hacking.holding
+        self.canary.listeners.append(self._on_decision)
+        self.hacking.listeners.append(self._on_guard)
+        if self.heldout is None and self.options.heldout_check:
+            self.heldout = load_heldout(self.options.heldout_check)
 
     # ------------------------------------------------------------------ gateway hooks
 
     def on_completed(self, interaction: Interaction, sampling: SamplingParams, conversation: str,
                      tenant: str | None) -> None:
-        """A user's reply was recorded (never blocks: a live group, if any, starts as its own task)."""
+        """A user's reply was recorded (never blocks: a live group, if any, starts as its own task); the
+        reward-hacking guards look at it."""
         if self.groups is not None:
             self.groups.offer(interaction, sampling, conversation, tenant)
+        if self.hacking is not None and interaction.output_versions:
+            users = [m for m in interaction.messages if m.role == "user"]
+            if users:
+                self.hacking.observe_user(users[-1].text)
+            out = interaction.output_message
+            self.hacking.observe(interaction.output_versions[-1], out.text if out is not None else "",
+                                 interaction.output_ids, interaction.output_logprobs, sampling.temperature)
+
+    def _on_guard(self, guard: str, version: int, firing: bool, reason: str) -> None:
+        if self._gateway_guards is not None and self.hacking is not None:  # firing while it fires on any version
+            self._gateway_guards.observe(guard, int(any(g == guard for g, _ in self.hacking.firing)), 1)
+        c = self.canary
+        if firing and self.options.hacking_action == "rollback" and version == c.canary_version:
+            c.rollback("auto", f"guard {guard} fired on the canary: {reason}")
+
+    def _on_decision(self, d: Decision) -> None:
+        """A candidate started: run the held-out check on it (and on stable, once per version)."""
+        if d.action != "start" or self.heldout is None or self.engines is None or self.encode is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._score_heldout(d.version))
+        self._side.add(task)
+        task.add_done_callback(self._side.discard)
+
+    async def _score_heldout(self, version: int) -> None:
+        assert self.heldout is not None and self.engines is not None and self.encode is not None
+        assert self.hacking is not None
+        o, c = self.options, self.canary
+        decode = self.decode or (lambda ids: "")
+        try:
+            stable = c.stable_version
+            scores = {}
+            for v in (version, stable):
+                if v in self.hacking.heldout and v != version:
+                    scores[v] = self.hacking.heldout[v]
+                    continue
+                scores[v] = await heldout_score(self.heldout, self.engines.slot_of(v), encode=self.encode,
+                                                decode=decode, stop_token_ids=self.stop_token_ids,
+                                                max_tokens=o.heldout_max_tokens, tag=f"v{v}")
+            cmp = c.comparison()
+            self.hacking.observe_heldout(version, scores[version], stable, scores[stable],
+                                         cmp.diff if cmp is not None and cmp.n_canary else None)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - logged; the candidate stays held (pause) until scored
+            log.exception("held-out check of version %d failed", version)
 
     def add_group(self, group: LiveGroup) -> None:
         """A scored live group goes to the trainer, through the redaction hook (a withheld sample drops the
@@ -86,6 +151,23 @@ class OnlineTraining:
         for sid in d.session_ids:  # the canary binds sessions (unique ids) to versions
             self.canary.forget(sid)
 
+    def add_guards(self, guards: GuardSet) -> None:
+        """Join the gateway's guards (``/health``, ``rlgate_guard_firing``): training steps stopped for a
+        non-finite value (firing while one of the last 100 steps was), and each reward-hacking guard (firing
+        while it fires on some version; the reasons in ``/health``)."""
+        if self.trainer is not None:
+            guards.add(GuardSpec("nonfinite_steps", "online training steps stopped for a non-finite loss, "
+                                 "gradient or weight", "training steps", 0.0, 1), window=100)
+            self.trainer.alarm = guards.observe
+        hacking = self.hacking
+        if hacking is not None:
+            for name in GUARDS:
+                def detail(name: str = name) -> str:
+                    return " | ".join(r for (g, _), r in hacking.firing.items() if g == name)
+                guards.add(GuardSpec(name, f"reward hacking ({name.removeprefix('online_').replace('_', ' ')})",
+                                     "checks", 0.0, 1), window=1, detail=detail)
+            self._gateway_guards = guards
+
     # ------------------------------------------------------------------ lifetime
 
     async def start(self) -> None:
@@ -105,7 +187,7 @@ class OnlineTraining:
             await asyncio.sleep(self.poll_interval)
 
     async def close(self) -> None:
-        for t in self._tasks:
+        for t in [*self._tasks, *self._side]:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
@@ -118,6 +200,7 @@ class OnlineTraining:
 
     def snapshot(self) -> dict[str, Any]:
         return {"canary": self.canary.snapshot(),
+                "guards": self.hacking.snapshot() if self.hacking is not None else None,
                 "trainer": dict(self.trainer.snapshot()) if self.trainer is not None else None,
                 "groups": dict(self.groups.snapshot()) if self.groups is not None else None,
                 "feedback": dict(self.feedback.counts) if self.feedback is not None else None,

@@ -44,6 +44,7 @@ class TwoSlotEngine(StreamingEngineMixin):
         self.canary = canary
         self.key = key
         self._loading = asyncio.Lock()
+        self._issued = canary.stable_version  # the newest version number handed out
         canary.listeners.append(self._on_decision)
 
     # ------------------------------------------------------------------ Engine
@@ -74,9 +75,20 @@ class TwoSlotEngine(StreamingEngineMixin):
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         return await StreamingEngineMixin.generate(self, request)
 
+    def next_version(self) -> int:
+        """A version number never used before: the one allocator of the trainer's candidates and of checkpoints
+        pushed through ``/rl/update_weights`` (so the two never name different weights alike)."""
+        seen = [v for v in (*self.versions, self.canary.stable_version, *self.canary.rewards, self._issued,
+                            *(d.version for d in self.canary.decisions)) if v is not None]
+        self._issued = max(seen) + 1
+        return self._issued
+
     async def update_weights_from_path(self, path: str) -> int:
         """A checkpoint pushed by ``/rl/update_weights`` becomes the next canary candidate."""
-        version = max(v for v in (*self.versions, self.canary.stable_version) if v is not None) + 1
+        if not self.can_load():  # no version number is spent on a refused push
+            raise EngineError("a canary is still running, or the spare weights slot still serves active "
+                              "conversations: promote or roll back first (/rl/canary)", status=409, code="canary_busy")
+        version = self.next_version()
         started = await self.load_candidate(version, lambda e: e.update_weights_from_path(path))
         if not started:
             raise EngineError("a canary is still running, or the spare weights slot still serves active "
@@ -97,11 +109,12 @@ class TwoSlotEngine(StreamingEngineMixin):
         return 1 - self.versions.index(self.canary.stable_version)
 
     def can_load(self) -> bool:
-        """A candidate may load now: no canary runs, and the spare slot's version has no active conversation."""
+        """A candidate may load now: no canary runs, and the spare slot's version has no active conversation
+        (a rolled-back version serves none: its conversations move to stable at their next turn)."""
         if self.canary.canary_version is not None:
             return False
         held = self.versions[self.spare_index()]
-        return held is None or self.canary.active_on(held) == 0
+        return held is None or held not in self.canary.served() or self.canary.active_on(held) == 0
 
     async def load_candidate(self, version: int, load: Callable[[Engine], Awaitable[object]]) -> bool:
         """Load a candidate's weights into the spare slot (``load(engine)``) and start it as the canary.
@@ -112,6 +125,8 @@ class TwoSlotEngine(StreamingEngineMixin):
                 return False
             i = self.spare_index()
             engine = self.slots[i]
+            if self.canary.retired == self.versions[i]:
+                self.canary.retired = None  # its conversations move to stable at their next turn
             self.versions[i] = None  # not routable while its weights change
             await load(engine)
             if isinstance(engine, VersionRestorable):

@@ -23,6 +23,7 @@ from starlette.routing import BaseRoute, Route
 from rlgate.api.anthropic import router as anthropic
 from rlgate.api.common import JsonResponse
 from rlgate.api.control import router as control
+from rlgate.api.control.policies import router as policy_routes
 from rlgate.api.error_handlers import install_error_handlers
 from rlgate.api.openai_chat import router as chat
 from rlgate.api.openai_responses import router as responses
@@ -35,6 +36,8 @@ from rlgate.core.sessions import SessionManager
 from rlgate.engine.base import Engine
 from rlgate.engine.capabilities import HasStats, QueueWaitObservable
 from rlgate.metrics.gateway import GatewayMetrics
+from rlgate.metrics.policies import PolicyMetrics
+from rlgate.online.conversations import tenant_of
 from rlgate.online.service import OnlineGateway
 from rlgate.server.auth_gate import AuthGateMiddleware
 from rlgate.server.body_limit import BodyLimitMiddleware
@@ -130,7 +133,9 @@ def create_app(
     real traffic when ``online.online`` is on (tenants, feedback, data rights: docs/online.md)."""
     metrics = GatewayMetrics(config)
     sessions = SessionManager(config, store, naming, metrics)
-    sessions.restore()
+    # a tenant's conversation open at the stop is ordinary (its next turn opens a new session), not an alarm
+    sessions.restore(conversation=(lambda s: tenant_of(s) is not None) if online is not None and online.online
+                     else None)
     stops = config.stop_token_ids or stop_token_ids
     if not stops:
         from rlgate.model import stop_token_ids as default_stops
@@ -141,12 +146,21 @@ def create_app(
     )
     gateway = Gateway(config, engine, store, tokenizer, sessions, generation, time.time())
     _bind_metrics(metrics, sessions, engine, store)
+    _bind_policy_metrics(metrics, generation)
     inflight = InFlight()
     online_state = _online_state(online, sessions, store, metrics)
+    if online_state is not None:  # each tenant bound to its policy, or to the default (online/tenant_policies.py)
+        from rlgate.online.tenant_policies import TenantPolicies
+
+        app_tenant_policies = TenantPolicies(sessions.store, generation.policies)
+        online_state.conversations.policy_of = app_tenant_policies.policy_of
+        online_state.rights.notifier.on_delete(
+            lambda d: app_tenant_policies.forget(d.tenant) if d.whole_tenant else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
+        await generation.policies.restore()  # the adapter policies the store lists (a restart)
         sweeper = asyncio.create_task(_sweep_forever(sessions, config.sweep_interval))
         poller = asyncio.create_task(_poll_guards_forever(metrics, config.guard_poll_interval))
         background = [sweeper, poller]
@@ -181,6 +195,8 @@ def create_app(
                   default_response_class=JsonResponse, **_NO_NATIVE_TELEMETRY)
     app.state.gateway = gateway
     app.state.online = online_state
+    if online_state is not None:
+        app.state.tenant_policies = app_tenant_policies
     install_error_handlers(app)
 
     body_models: list[type[BaseModel]] = []
@@ -188,10 +204,13 @@ def create_app(
         add_routes(app, surface.router, plain=True)
         body_models += surface.BODY_MODELS
     add_routes(app, control.router)
+    add_routes(app, policy_routes)
     if online_state is not None:
         from rlgate.api.online.router import router as online_router
+        from rlgate.api.online.tenant_policy import router as tenant_policy_router
 
         add_routes(app, online_router)
+        add_routes(app, tenant_policy_router)
     install_openapi(app, body_models)
     if config.ui:  # the trajectory viewer (off by default; admin only, see ui/auth.py)
         from rlgate.ui.auth import UiLogins
@@ -235,6 +254,14 @@ def _bind_metrics(metrics: GatewayMetrics, sessions: SessionManager, engine: Eng
         engine.on_queue_wait = metrics.queue_seconds.observe
     if isinstance(store, HasWriteStats):  # SQLiteStore: writes and failed writes
         metrics.bind(store_stats=lambda: store.stats)
+
+
+def _bind_policy_metrics(metrics: GatewayMetrics, generation: GenerationService) -> None:
+    """``rlgate_policy_*``: each policy's version, turns, tokens and active sessions (metrics/policies.py)."""
+    policies = generation.policies
+    counts = PolicyMetrics(metrics.registry, policies.versions, lambda name: policies.usage(name)[0])
+    generation.completed_listeners.append(
+        lambda p: counts.record_turn(p.interaction.policy, len(p.interaction.output_ids)))
 
 
 def _online_state(online: OnlineConfig | None, sessions: SessionManager, store: Store,

@@ -6,10 +6,12 @@ change to what ``create_app`` builds:
 
 * every completed user turn is offered to the live groups (``GenerationService.completed_listeners``);
 * the feedback store is tailed into the trainer and the canary (part 1's ``app.state.online``:
-  its records, conversations and RewardMap);
+  its records, conversations and RewardMap), conversation-level events included (credited to the
+  conversation's latest turn);
 * the operator's redaction hook (``--redaction-hook``) sees every sample before the trainer does;
 * deletions reach the trainer's queue and replay buffer and the canary's bindings (its notifier);
-* the canary's admin routes are mounted and its families join ``/metrics``;
+* the canary's admin routes are mounted and its families join ``/metrics``; its guards (non-finite
+  steps, reward hacking: ``online/hacking.py``) join the gateway's (``/health``, ``rlgate_guard_firing``);
 * the trainer and the feedback tail run for the app's lifetime (inside its lifespan).
 """
 
@@ -55,10 +57,13 @@ def attach_online_training(app: FastAPI, training: OnlineTraining) -> FastAPI:
 
     gateway.generation.completed_listeners.append(offered)
     training.redact = online.redact
+    o = training.options
     training.feedback = FeedbackTail(online.records, online.reward_map, training.trainer, training.canary,
                                      find_turn=conversations.find_turn, conversation_of=conversations.conversation_of,
-                                     redact=online.redact)
+                                     last_turn=conversations.last_turn, redact=online.redact,
+                                     bounds=(o.reward_low, o.reward_high))
     online.rights.notifier.on_delete(training.on_deletion)
+    training.add_guards(gateway.metrics.guards)
     add_routes(app, canary_routes.router)
     gateway.metrics.registry.register(_Collector(training))
     inner = app.router.lifespan_context

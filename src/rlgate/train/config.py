@@ -49,10 +49,20 @@ class GRPOConfig(_Strict):
     minibatches: int = Field(default=1, ge=1, description="optimiser updates per batch")
     groups_per_step: int = Field(default=8, ge=1, description="kept groups per step")
     max_staleness: int = Field(default=0, ge=0, description="versions an episode may lag; 0 = on-policy")
+    dynamic_sampling: bool = Field(default=False, description="a group whose rewards are all equal (no learning "
+                                   "signal) is replaced by a fresh group, up to max_resampled_groups per step (DAPO)")
+    max_resampled_groups: int | None = Field(default=None, ge=0, description="dynamic_sampling: groups replaced per "
+                                             "step at most (None: groups_per_step); then the step trains as is")
+    skip_no_signal_updates: bool = Field(default=True, description="a step whose every advantage is 0 applies no "
+                                         "update (AdamW's momentum would move the weights with no signal) and "
+                                         "pushes no weights")
     max_dropped_groups_in_a_row: int = Field(
         default=64, ge=0, description="that many dropped groups in a row stop the run (0: never)")
     pad_token_id: int = Field(default=0, ge=0, description="padding id for batching")
     device: str | None = Field(default=None, description="trainer device; None: cuda if available else cpu")
+    share_prompt: bool = Field(default=True, description="run the prompt a group's samples share once in the "
+                               "training forward and backward (the same gradient; off for sliding-window models "
+                               "and with gradient checkpointing)")
     trim_logits: bool = Field(default=True, description="compute logits (and their log-softmax) only from the "
                               "position before the earliest generated token on, not over the whole prompt")
 
@@ -70,8 +80,9 @@ class LoraSettings(_Strict):
 class ModelSettings(_Strict):
     """``train``: how the policy is held while it learns."""
 
-    dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="the trained weights' dtype "
-                                                  "(bfloat16: half the memory, no float32 master copy)")
+    dtype: Literal["float32", "bfloat16", "mixed"] = Field(
+        default="float32", description="the trained weights' dtype (bfloat16: half the memory, no float32 master "
+        "copy; mixed: float32 weights and AdamW, forward and backward in bfloat16 under torch.autocast)")
     gradient_checkpointing: bool = Field(default=False, description="recompute activations in the backward "
                                          "pass: less memory, more time")
     lora: LoraSettings | None = Field(default=None, description="train LoRA adapters only (needs peft); None: "
@@ -131,6 +142,10 @@ class GatewaySettings(_Strict):
     sync_dir: str | None = Field(default=None, description="remote: a directory the gateway can read "
                                  "(default out_dir/sync)")
     sync_keep: int = Field(default=2, ge=1, description="remote: weight pushes kept in sync_dir")
+    push: Literal["merged", "adapter"] = Field(default="merged", description="remote, train.lora: what a weight "
+                                               "push holds: the merged weights (any engine) or the LoRA adapter "
+                                               "alone (a gateway on vLLM servers started with --enable-lora and "
+                                               "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1: vLLM's runtime LoRA API)")
     port: int | None = Field(default=None, ge=0, le=65535, description="in-process gateway's port (None or 0: "
                              "a free one); with ray.replicas, the router's")
     host: str = Field(default="127.0.0.1", description="interface the in-process gateway (with ray.replicas: "
@@ -138,6 +153,9 @@ class GatewaySettings(_Strict):
                       "multi-node cluster): they get this node's IP")
     tool_parser: str | None = Field(default="hermes", description="in-process: tool-call parser (None: off)")
     reasoning_parser: str | None = Field(default=None, description="in-process: reasoning parser, e.g. 'think'")
+    tool_prompt: Literal["off", "auto"] = Field(default="off", description="in-process: tools the chat template "
+                                                "cannot show: 'off' (reported, unseen) or 'auto' (described in the "
+                                                "system message: docs/http-api.md#tools-a-template-cannot-show)")
     trajectory_mode: Literal["token_exact", "rerender"] = Field(default="token_exact", description="in-process")
     context_length: int | None = Field(default=None, ge=1, description="in-process: None: the model's; raise it "
                                        "to serve long agent prompts (RoPE)")
@@ -152,6 +170,10 @@ class GatewaySettings(_Strict):
                                "tool, then answer), a JSON/YAML/JSONL file of replies, or module:fn(prompt) -> str")
     ui: bool = Field(default=False, description="serve the trajectory viewer at /ui during the run (in-process "
                      "gateway or ray.replicas' router); its admin key is written to out_dir/admin_key (0600)")
+    policy: str | None = Field(default=None, max_length=64, description="gateway.url: train this adapter policy "
+                               "(needs train.lora): created on the gateway at the start, sessions bound to it, "
+                               "only the adapter pushed; other runs train their own on the same gateway "
+                               "(docs/policies.md)")
 
 
 class TrainerSettings(_Strict):
@@ -279,6 +301,9 @@ class TrainConfig(_Strict):
                              "(gateway.url) serves its own: start it with `rlgate serve --ui`")
         if self.gateway.url is None and self.gateway.admin_key:
             raise ValueError("gateway.admin_key only applies with gateway.url (a remote gateway)")
+        if self.gateway.policy is not None and (self.gateway.url is None or self.train.lora is None):
+            raise ValueError("gateway.policy trains an adapter policy on a running gateway: it needs gateway.url "
+                             "and train.lora")
         if self.gateway.url is None and not self.replicas and self.gateway.sync_dir:
             raise ValueError("gateway.sync_dir only applies with gateway.url (a remote gateway) or ray.replicas")
         return self

@@ -44,6 +44,17 @@ class OpenGateway:
     remote: bool = False  # a running gateway (gateway.url): a resumed run must push its weights there
     registries: tuple[Any, ...] = ()  # in-process: the gateway's Prometheus registry (served with the run's)
 
+    @property
+    def policy(self) -> str | None:
+        """gateway.policy: the adapter policy this run trains on a shared gateway (None: the gateway's default)."""
+        return self.client.policy
+
+    async def start_policy(self, model: Any, resumed_version: int | None) -> None:
+        """gateway.policy: create the run's policy on the gateway (or push a resumed run's adapter to it)."""
+        from rlgate.train.sync import AdapterSync
+
+        if isinstance(self.sync, AdapterSync):
+            await self.sync.start(model, resumed_version)
 
     @property
     def url(self) -> str:
@@ -86,10 +97,10 @@ class PooledGatewayClient(GatewayClient):
     flight makes its calls (start, end, reward, export) on a kept-alive connection instead of opening
     one (httpx's default pool keeps 20). Closes its pool with itself."""
 
-    def __init__(self, base_url: str, admin_key: str, *, connections: int) -> None:
+    def __init__(self, base_url: str, admin_key: str, *, connections: int, policy: str | None = None) -> None:
         self._pool = httpx.AsyncClient(timeout=600.0, limits=httpx.Limits(
             max_connections=connections, max_keepalive_connections=connections))
-        super().__init__(base_url, admin_key, http_client=self._pool)
+        super().__init__(base_url, admin_key, http_client=self._pool, policy=policy)
 
     async def aclose(self) -> None:
         await super().aclose()
@@ -109,7 +120,7 @@ def engine_threads(device: str | None, configured: int | None = None) -> int | N
 
 
 def control_client(url: str, admin_key: str, cfg: TrainConfig) -> GatewayClient:
-    return PooledGatewayClient(url, admin_key, connections=cfg.rollout.concurrency + 8)
+    return PooledGatewayClient(url, admin_key, connections=cfg.rollout.concurrency + 8, policy=cfg.gateway.policy)
 
 
 async def check_remote(url: str, admin_key: str) -> None:
@@ -236,7 +247,7 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path, *, 
     ``weights`` are (a resumed run's checkpoint); the in-process engine starts there instead of
     at 0. Replicas come back at the version their stores recorded, a running gateway keeps its
     own."""
-    from rlgate.train.sync import ColocatedSync, RemoteSync
+    from rlgate.train.sync import AdapterSync, ColocatedSync, RemoteSync
 
     if cfg.ray is not None:
         from rlgate.cluster.launch import init_ray
@@ -255,17 +266,19 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path, *, 
         admin_key = cfg.gateway.admin_key or os.environ.get("RLGATE_ADMIN_KEY")
         if not admin_key:
             raise RunError("gateway.url is set but no admin key: set $RLGATE_ADMIN_KEY (or gateway.admin_key)")
+        if cfg.gateway.push == "adapter" and cfg.train.lora is None:
+            raise RunError("gateway.push is 'adapter' but train.lora is not set: there is no adapter to push")
         await check_remote(cfg.gateway.url, admin_key)
         client = control_client(cfg.gateway.url, admin_key, cfg)
         sync_dir = Path(cfg.gateway.sync_dir) if cfg.gateway.sync_dir else Path(cfg.out_dir) / "sync"
-        return OpenGateway(client, RemoteSync(client, sync_dir, keep=cfg.gateway.sync_keep), remote=True)
+        if cfg.gateway.policy is not None:  # an adapter policy of a shared gateway: the adapter alone
+            return OpenGateway(client, AdapterSync(client, sync_dir, keep=cfg.gateway.sync_keep), remote=True)
+        return OpenGateway(client, RemoteSync(client, sync_dir, keep=cfg.gateway.sync_keep,
+                                              adapters=cfg.gateway.push == "adapter"), remote=True)
 
-    from rlgate.config import GatewayConfig
     from rlgate.engine.local import LocalEngine
-    from rlgate.model import load_tokenizer, stop_token_ids
-    from rlgate.server.app import create_app
+    from rlgate.model import load_tokenizer
     from rlgate.server.runner import ServerThread
-    from rlgate.store.base import MemoryStore
 
     if cfg.gateway.port:
         check_port_free(cfg.gateway.port, cfg.gateway.host)
@@ -291,13 +304,10 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path, *, 
             raise RunError(f"model: the engine cannot load {weights}: {type(exc).__name__}: {exc}") from None
         sync = ColocatedSync(engine)
     engine.restore_version(version)
-    app = create_app(
-        GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
-                      reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
-                      context_length=cfg.gateway.context_length, max_tokens_cap=cfg.gateway.max_tokens_cap,
-                      model_name=tokenizer_dir.resolve().name, ui=cfg.gateway.ui,
-                      retain_exported=UI_RETAIN_S if cfg.gateway.ui else 0.0),
-        engine, MemoryStore(), tokenizer, stop_token_ids=stop_token_ids(tokenizer, tokenizer_dir))
+    try:
+        app = _in_process_app(cfg, admin_key, engine, tokenizer, tokenizer_dir)
+    except ValueError as exc:  # a setting the model cannot serve with (gateway.tool_prompt, a parser name)
+        raise RunError(f"gateway: {exc}") from None
     from rlgate.server.serve import KEEP_ALIVE_S
 
     # the server keeps idle connections longer than the clients do (65 s vs httpx's 5 s), as `rlgate serve`
@@ -311,6 +321,29 @@ async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path, *, 
         announce_ui(cfg, url, admin_key)
     return OpenGateway(control_client(url, admin_key, cfg), sync, server, tokenizer,
                        registries=(app.state.gateway.metrics.registry,))
+
+
+def _in_process_app(cfg: TrainConfig, admin_key: str, engine: Any, tokenizer: Any, tokenizer_dir: Path) -> Any:
+    """The in-process gateway's app (``ValueError``: a setting this model cannot be served with)."""
+    from rlgate.config import GatewayConfig
+    from rlgate.model import stop_token_ids
+    from rlgate.server.app import create_app
+    from rlgate.store.base import MemoryStore
+
+    return create_app(
+        GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
+                      reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
+                      context_length=cfg.gateway.context_length, max_tokens_cap=cfg.gateway.max_tokens_cap,
+                      model_name=served_name(cfg), ui=cfg.gateway.ui, tool_prompt=cfg.gateway.tool_prompt,
+                      retain_exported=UI_RETAIN_S if cfg.gateway.ui else 0.0),
+        engine, MemoryStore(), tokenizer, stop_token_ids=stop_token_ids(tokenizer, tokenizer_dir))
+
+
+def served_name(cfg: TrainConfig) -> str:
+    """The model name the gateway answers with: what the config says (a registry name such as
+    smollm2-135m-instruct, a directory's name, a GGUF file's stem), never the conversion cache's hash."""
+    given = str(cfg.model)
+    return Path(given).stem if given.lower().endswith(".gguf") else Path(given).name
 
 
 async def _start_replicas(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) -> tuple[Any, GatewayClient]:
@@ -327,7 +360,7 @@ async def _start_replicas(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) 
         config=GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
                              reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
                              context_length=cfg.gateway.context_length, max_tokens_cap=cfg.gateway.max_tokens_cap,
-                             model_name=tokenizer_dir.resolve().name, ui=cfg.gateway.ui,
+                             model_name=served_name(cfg), ui=cfg.gateway.ui, tool_prompt=cfg.gateway.tool_prompt,
                              retain_exported=UI_RETAIN_S if cfg.gateway.ui else 0.0),
         engine=LocalEngineSpec(str(weights.resolve()), device=cfg.gateway.device,
                                max_context_length=cfg.gateway.context_length),

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
-import inspect
 import logging
 import math
 import time
@@ -52,7 +51,8 @@ import torch
 from rlgate.rollout.errors import RunError
 from rlgate.rollout.runner import Allowance, Group, RolloutRunner
 from rlgate.train.config import GRPOConfig
-from rlgate.train.loss import group_advantages, kl_penalty, logits_to_keep, policy_loss, token_logprobs
+from rlgate.train.forward import PolicyForward, can_share, plan_chunks
+from rlgate.train.loss import group_advantages, kl_penalty, policy_loss
 from rlgate.train.sync import WeightSync
 from rlgate.trajectory.export import to_padded_tensors
 from rlgate.trajectory.sample import Sample
@@ -74,16 +74,20 @@ class StepStats:
     episode_rewards: list[float] = field(default_factory=list)
     generated_tokens: int = 0
     drop_reasons: list[str] = field(default_factory=list)  # one line per dropped group
+    resampled_groups: int = 0  # groups without reward variance replaced (grpo.dynamic_sampling)
+    all_rewards: list[float] = field(default_factory=list)  # every played episode's, resampled groups' included
 
 
 class GRPOTrainer:
     """Owns the policy being trained, its optimiser and an optional frozen reference."""
 
     def __init__(self, model: Any, config: GRPOConfig, ref_model: Any = None, *, total_steps: int | None = None,
-                 steps_done: int = 0) -> None:
+                 steps_done: int = 0, autocast: str | None = None) -> None:
         """``ref_model``: the frozen KL reference (default: a copy of ``model`` as given). ``total_steps``:
         the run's length, for ``lr_schedule`` (None: the schedule never decays); ``steps_done``: steps a
-        resumed run has already taken (where the schedule continues)."""
+        resumed run has already taken (where the schedule continues); ``autocast``: ``"bfloat16"`` runs
+        the forward and backward passes under ``torch.autocast`` (weights and AdamW stay as they are:
+        ``train.dtype: mixed``)."""
         self.config = config
         self.total_steps = total_steps
         self.steps_done = steps_done
@@ -105,6 +109,13 @@ class GRPOTrainer:
             [p for p in self.model.parameters() if p.requires_grad],
             lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
         )
+        share = config.share_prompt
+        if share:
+            share, why = can_share(self.model)
+            if not share:
+                log.info("grpo.share_prompt: off for this model (%s): every sample runs its whole prompt", why)
+        self.forward = PolicyForward(trim_logits=config.trim_logits, share=share,
+                                     autocast=torch.bfloat16 if autocast == "bfloat16" else None)
 
     def lr_factor(self, k: int) -> float:
         """The learning rate of training step ``k`` (0-based), as a fraction of ``lr``: linear warmup over
@@ -119,21 +130,6 @@ class GRPOTrainer:
         if cfg.lr_schedule == "linear":
             return 1.0 - progress
         return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    def _forward_logprobs(self, model: Any, batch: dict[str, torch.Tensor], temps: torch.Tensor,
-                          entropy: list[torch.Tensor] | None = None) -> torch.Tensor:
-        kwargs: dict[str, Any] = {}
-        keep = logits_to_keep(batch["loss_mask"])
-        if self.config.trim_logits and keep < batch["input_ids"].shape[1] and _takes_logits_to_keep(model):
-            kwargs["logits_to_keep"] = keep  # the prompt's logits (and their log-softmax) are never computed
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long(), **kwargs).logits
-        if entropy is not None:  # of the sampling distribution (at the sample's temperature), per position
-            with torch.no_grad():
-                t = torch.where(temps > 0, temps, torch.ones_like(temps)).to(logits.device).view(-1, 1, 1)
-                lp = torch.log_softmax(logits[:, :-1].float() / t, dim=-1)
-                skip = batch["input_ids"].shape[1] - logits.shape[1] + 1
-                entropy.append(torch.nn.functional.pad(-(lp.exp() * lp).sum(-1), (skip, 0)))
-        return token_logprobs(logits, batch["input_ids"], temps)
 
     def step(self, samples: list[Sample], group_ids: list[str], current_version: int) -> dict[str, float]:
         """One optimisation step on exported samples; returns metrics."""
@@ -156,33 +152,41 @@ class GRPOTrainer:
         if stale.any() or cfg.minibatches > 1:
             prox_all = self._no_grad_logprobs(self.model, batch, temps)
         ref_all = self._no_grad_logprobs(self.ref_model, batch, temps) if self.ref_model is not None else None
+        # no advantage anywhere and nothing else to optimise (no KL): no update, only the entropy is measured
+        no_signal = bool(cfg.skip_no_signal_updates and ref_all is None and not advantages.any())
         # ------------------------------------------------------------------ updates
         n = len(samples)
         order = torch.arange(n)
         per_update = math.ceil(n / cfg.minibatches)
         metrics: dict[str, float] = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_ref": 0.0,
-                                     "grad_norm": 0.0, "behav_logprob_abs_err": 0.0}
+                                     "grad_norm": 0.0, "behav_logprob_abs_err": 0.0, "nonfinite_updates": 0.0}
         err_sum, err_n, updates = 0.0, 0, 0
         ent_sum = 0.0
         lengths = batch["attention_mask"].sum(1).cpu()
-        computed = 0  # token positions the forward passes ran (real + padding)
+        computed = real = 0  # token positions the forward passes ran (with padding / without; a shared prompt once)
         for start in range(0, n, per_update):
             idx = order[start:start + per_update]
-            # micro-batches of similar lengths, each cut to its longest sample: no update's gradient
-            # changes (it sums over its micro-batches), the padding the forward passes run does
-            idx = idx[torch.argsort(lengths[idx], descending=True, stable=True)]
             update_tokens = int(batch["loss_mask"][idx].sum())
-            for mb_start in range(0, len(idx), cfg.micro_batch_size):
-                mb = idx[mb_start:mb_start + cfg.micro_batch_size]
-                width = int(lengths[mb].max())
-                computed += width * len(mb)
-                sub = {k: v[mb, :width] for k, v in batch.items() if k != "rewards"}
+            # forward chunks: a group's shared prompt once (grpo.share_prompt), micro-batches of similar
+            # lengths each cut to its longest sample; no update's gradient changes (it sums over its chunks)
+            for chunk in plan_chunks(batch, idx, cfg.micro_batch_size, self.forward.share):
+                mb, width = chunk.rows, chunk.width
+                computed += (width - chunk.prefix) * len(mb) + (chunk.prefix if chunk.first else 0)
+                sub = {k: v[mb.to(v.device), :width] for k, v in batch.items() if k != "rewards"}
+                real += int(sub["attention_mask"][:, chunk.prefix:].sum()) + (chunk.prefix if chunk.first else 0)
                 mask = sub["loss_mask"]
                 ent: list[torch.Tensor] = []  # each sample is in exactly one update
-                logp = self._forward_logprobs(self.model, sub, temps[mb].to(self.device), ent)
+                with torch.set_grad_enabled(not no_signal):
+                    logp = self.forward.logprobs(self.model, batch, chunk, temps[mb].to(self.device), ent)
                 if ent:
                     ent_sum += float((ent[0] * mask).sum())
                 old = sub["logprobs"]
+                with torch.no_grad():  # do recorded behaviour logprobs match the trainer's?
+                    on_mask = mask & ~stale[mb].to(self.device).unsqueeze(-1)
+                    err_sum += float(((logp - old).abs() * on_mask).sum())
+                    err_n += int(on_mask.sum())
+                if no_signal:
+                    continue
                 prox = None
                 if prox_all is not None:
                     # on-policy samples use the recorded logprobs as proximal policy too
@@ -198,17 +202,20 @@ class GRPOTrainer:
                     loss = loss + cfg.kl_coef * kl
                     # kl is already this micro-batch's share of the update's token mean
                     metrics["kl_ref"] += float(kl.detach()) * max(update_tokens, 1) / max(total_tokens, 1)
-                loss.backward()
+                # the chunks of one shared prompt backpropagate into its graph in turn: the last frees it
+                loss.backward(retain_graph=bool(chunk.prefix) and not chunk.last)
                 w = float(mask.sum()) / max(total_tokens, 1)
                 metrics["loss"] += float(loss.detach())  # micro-batch losses sum to the update's loss
                 metrics["clip_fraction"] += st["clip_fraction"] * w
                 metrics["approx_kl"] += st["approx_kl"] * w
-                with torch.no_grad():  # do recorded behaviour logprobs match the trainer's?
-                    on_mask = mask & ~stale[mb].to(self.device).unsqueeze(-1)
-                    err_sum += float(((logp - old).abs() * on_mask).sum())
-                    err_n += int(on_mask.sum())
+            if no_signal:
+                continue
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-            self.optimizer.step()
+            if math.isfinite(float(grad_norm)) and math.isfinite(metrics["loss"]):
+                self.optimizer.step()
+            else:  # a NaN / inf loss or gradient: this update is not applied (weights and AdamW moments kept)
+                metrics["nonfinite_updates"] += 1
+                log.error("training step: non-finite loss or gradient norm (%s): update skipped", float(grad_norm))
             self.optimizer.zero_grad(set_to_none=True)
             metrics["grad_norm"] += float(grad_norm)
             updates += 1
@@ -216,12 +223,22 @@ class GRPOTrainer:
         metrics["loss"] /= max(updates, 1)
         metrics["behav_logprob_abs_err"] = err_sum / max(err_n, 1)
         metrics["tokens"] = float(total_tokens)
-        metrics["pad_fraction"] = 1.0 - float(lengths.sum()) / max(computed, 1)  # of the positions trained on
+        metrics["pad_fraction"] = 1.0 - real / max(computed, 1)  # of the positions trained on
+        # positions the forward passes ran, as a fraction of the batch's tokens (< 1: shared prompts ran once)
+        metrics["forward_fraction"] = computed / max(float(lengths.sum()), 1.0)
         metrics["samples"] = float(n)
         metrics["stale_samples"] = float(stale.sum())
         metrics["adv_abs_mean"] = float(advantages.abs().mean())
+        # groups whose rewards are all equal carry no learning signal (every advantage 0)
+        by_group: dict[str, set[float]] = {}
+        for gid, r in zip(group_ids, rewards, strict=True):
+            by_group.setdefault(gid, set()).add(r)
+        metrics["groups"] = float(len(by_group))
+        metrics["zero_variance_groups"] = float(sum(1 for rs in by_group.values() if len(rs) == 1))
         metrics["entropy"] = ent_sum / max(total_tokens, 1)  # mean over generated tokens, nats
         metrics["lr"] = lr
+        # 0: a step without signal applied no update (skip_no_signal_updates); non-finite ones are not applied either
+        metrics["updates"] = float(updates - metrics["nonfinite_updates"])
         gen = [s.generated_tokens for s in samples]
         metrics["completion_len_mean"] = sum(gen) / max(len(gen), 1)
         metrics["completion_len_max"] = float(max(gen, default=0))
@@ -230,27 +247,13 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def _no_grad_logprobs(self, model: Any, batch: dict[str, torch.Tensor], temps: torch.Tensor) -> torch.Tensor:
-        """Logprobs of every position of ``batch`` (0.0 on padding), in micro-batches of similar lengths."""
+        """Logprobs of every position of ``batch`` (0.0 on padding), in the step's forward chunks."""
         n, full = batch["input_ids"].shape
-        lengths = batch["attention_mask"].sum(1).cpu()
-        order = torch.argsort(lengths, descending=True, stable=True)
         out = torch.zeros((n, full), dtype=torch.float32, device=self.device)
-        for s in range(0, n, self.config.micro_batch_size):
-            mb = order[s:s + self.config.micro_batch_size]
-            width = int(lengths[mb].max())
-            sub = {k: v[mb, :width] for k, v in batch.items() if k != "rewards"}
-            out[mb.to(self.device), :width] = self._forward_logprobs(model, sub, temps[mb].to(self.device)).float()
+        for chunk in plan_chunks(batch, torch.arange(n), self.config.micro_batch_size, self.forward.share):
+            rows = chunk.rows.to(self.device)
+            out[rows, :chunk.width] = self.forward.logprobs(model, batch, chunk, temps[chunk.rows].to(self.device)).float()
         return out
-
-
-def _takes_logits_to_keep(model: Any) -> bool:
-    """Whether ``model``'s forward takes ``logits_to_keep`` (transformers' causal LMs do; a PEFT
-    wrapper passes it on to the model it wraps)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    try:
-        return "logits_to_keep" in inspect.signature(base.forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _train_mode_without_dropout(model: Any) -> None:
@@ -279,9 +282,10 @@ class LoopState:
     unreported: StepResult | None = None
 
 
-def filter_group(group: Group, version: int, max_staleness: int, stats: StepStats
+def filter_group(group: Group, version: int, max_staleness: int, stats: StepStats, *, resample: bool = False
                  ) -> tuple[list[Sample], list[str]]:
-    """Samples of a group's good, fresh-enough episodes (+ their group ids)."""
+    """Samples of a group's good, fresh-enough episodes (+ their group ids). ``resample``: a group whose
+    samples all earned the same reward (no learning signal) is set aside (``stats.resampled_groups``)."""
     episodes = []
     for e in group.episodes:
         if not e.ok:
@@ -307,6 +311,10 @@ def filter_group(group: Group, version: int, max_staleness: int, stats: StepStat
             samples.append(s)
             gids.append(group.group_id)
     stats.unrewarded += unrewarded
+    stats.all_rewards += rewards
+    if resample and len(episodes) >= 2 and len({smp.reward for smp in samples}) == 1:
+        stats.resampled_groups += 1
+        return [], []
     if len(episodes) < 2 or not samples:
         stats.dropped_groups += 1
         stats.drop_reasons.append(
@@ -409,6 +417,7 @@ async def grpo_loop(
     loop = asyncio.get_running_loop()
     train_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-train")
     dropped_in_a_row = 0
+    resample_cap = cfg.groups_per_step if cfg.max_resampled_groups is None else cfg.max_resampled_groups
     try:
         for _ in range(steps):
             t0 = time.perf_counter()
@@ -418,9 +427,15 @@ async def grpo_loop(
             group_ids: list[str] = []
             while stats.kept_groups < cfg.groups_per_step:
                 group = await _next_group(queue, producer)
-                s, g = filter_group(group, state.version, cfg.max_staleness, stats)
+                resampled = stats.resampled_groups
+                s, g = filter_group(group, state.version, cfg.max_staleness, stats,
+                                    resample=cfg.dynamic_sampling and resampled < resample_cap)
                 samples += s
                 group_ids += g
+                if stats.resampled_groups > resampled:  # no signal: played again with a fresh group
+                    await runner.client.grant_capacity(runner.group_size)
+                    await allowance.grant(runner.group_size)
+                    continue
                 dropped_in_a_row = 0 if s else dropped_in_a_row + 1
                 if cfg.max_dropped_groups_in_a_row and dropped_in_a_row >= cfg.max_dropped_groups_in_a_row:
                     raise TrainingStalled(
@@ -451,7 +466,8 @@ async def grpo_loop(
             # ------------------------------------------------------------ 5. weight sync + admission
             t2 = time.perf_counter()
             try:
-                state.version = await sync.push(trainer.model)
+                if metrics.get("updates", 1.0) > 0:  # a step without signal changed no weight: nothing to push
+                    state.version = await sync.push(trainer.model)
                 t_sync = time.perf_counter() - t2
                 await runner.client.grant_capacity(episodes_per_step)
                 await allowance.grant(episodes_per_step)
@@ -485,6 +501,9 @@ def _finish_metrics(metrics: dict[str, float], state: LoopState, stats: StepStat
         "failed_episodes": float(stats.failed_episodes),
         "dropped_stale_samples": float(stats.dropped_stale),
         "dropped_groups": float(stats.dropped_groups),
+        "resampled_groups": float(stats.resampled_groups),
+        # every played episode's mean reward (with dynamic_sampling, ``reward`` is over the kept groups only)
+        "reward_all": sum(stats.all_rewards) / max(len(stats.all_rewards), 1),
         "unrewarded_samples": float(stats.unrewarded),
         "generated_tokens": float(stats.generated_tokens),
         "rollout_s": t_rollout, "train_s": t_train, "sync_s": t_sync,

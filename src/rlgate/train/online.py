@@ -11,9 +11,8 @@ training thread before the next step (never under a step in flight).
 
 from __future__ import annotations
 
-import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -22,7 +21,7 @@ from rlgate.engine.base import Engine
 from rlgate.online.canary import Canary, Decision
 from rlgate.online.groups import GroupScorer, LiveGroups, load_scorer
 from rlgate.online.options import OnlineOptions
-from rlgate.online.trainer import OnlineTrainer
+from rlgate.online.trainer import NonFiniteStep, OnlineTrainer
 from rlgate.online.training import OnlineTraining
 from rlgate.online.versions import TwoSlotEngine
 from rlgate.train.config import GRPOConfig
@@ -52,8 +51,6 @@ class OnlinePolicy:
         self.trainer = GRPOTrainer(model, config)
         self.engines = engines
         self.canary = engines.canary
-        self._versions = itertools.count(max(v for v in (*engines.versions, self.canary.stable_version)
-                                             if v is not None) + 1)
         self._states: dict[int, dict[str, torch.Tensor]] = {
             self.canary.stable_version: _clone(self.trainer.model.state_dict())}
         self._revert_to: int | None = None
@@ -66,12 +63,22 @@ class OnlinePolicy:
     # ------------------------------------------------------------------ Stepper
 
     def step(self, samples: list[Sample], group_ids: list[str], current_version: int) -> dict[str, float]:
-        """One GRPO step (training thread); a pending revert is applied first."""
+        """One GRPO step (training thread); a pending revert is applied first. Raises :class:`NonFiniteStep`
+        when the loss or a gradient was not finite (``GRPOTrainer.step`` then applied no update) or when the
+        weights came out non-finite (then set back to the last published version's, moments cleared)."""
         target = self._revert_to
         if target is not None:
             self._revert_to = None
             self._revert(target)
-        return self.trainer.step(samples, group_ids, current_version)
+        metrics = self.trainer.step(samples, group_ids, current_version)
+        if metrics.get("nonfinite_updates", 0.0) > 0:
+            raise NonFiniteStep(f"non-finite loss or gradient (loss {metrics.get('loss')}, gradient norm "
+                                f"{metrics.get('grad_norm')}): the update was not applied")
+        if not all(bool(torch.isfinite(p).all()) for p in self.trainer.model.parameters()):
+            last = max(self._states)
+            self._revert(last)
+            raise NonFiniteStep(f"non-finite weights after the update: set back to version {last}'s", reverted=True)
+        return metrics
 
     def _revert(self, version: int) -> None:
         state = self._states.get(version)
@@ -80,7 +87,7 @@ class OnlinePolicy:
             return
         self.trainer.model.load_state_dict(state)
         self.trainer.optimizer.state.clear()
-        log.warning("online trainer: weights set back to version %d (its candidate was rolled back)", version)
+        log.warning("online trainer: weights set back to version %d's", version)
 
     # ------------------------------------------------------------------ candidates
 
@@ -88,7 +95,7 @@ class OnlinePolicy:
         """The trainer's weights as the next canary candidate (None: the spare slot is busy)."""
         if not self.engines.can_load():
             return None
-        version = next(self._versions)
+        version = self.engines.next_version()
         state = _clone(serving_state_dict(self.trainer.model))
 
         async def load(engine: Engine) -> None:
@@ -117,10 +124,12 @@ class OnlinePolicy:
 
 
 def build_online_training(model: Any, options: OnlineOptions, tokenizer: Any, *, engine_kwargs: dict[str, Any] | None = None,
-                          scorer: GroupScorer | None = None, micro_batch_size: int = 32) -> OnlineTraining:
+                          scorer: GroupScorer | None = None, micro_batch_size: int = 32,
+                          stop_token_ids: Sequence[int] | None = None) -> OnlineTraining:
     """Online training on the local engine: two engines holding copies of ``model`` (stable + canary slot),
     the trainer on ``model`` itself, live groups scored by ``scorer`` (default: ``options.group_reward``;
-    none: no live groups). ``training.engines`` is the engine to give ``create_app``; then
+    none: no live groups). ``stop_token_ids``: where held-out replies end (default: the tokenizer's end of
+    sequence). ``training.engines`` is the engine to give ``create_app``; then
     ``server/online_training.py: attach_online_training(app, training)``."""
     import copy
 
@@ -135,9 +144,18 @@ def build_online_training(model: Any, options: OnlineOptions, tokenizer: Any, *,
     policy.attach(trainer)
     if scorer is None and options.group_reward:
         scorer = load_scorer(options.group_reward)
-    training = OnlineTraining(options, canary, engines, trainer)
+    def decode(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+    def encode(messages: list[dict[str, Any]]) -> list[int]:
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+    stops = tuple(stop_token_ids) if stop_token_ids is not None else tuple(
+        t for t in (getattr(tokenizer, "eos_token_id", None),) if isinstance(t, int))
+    training = OnlineTraining(options, canary, engines, trainer, encode=encode, decode=decode, stop_token_ids=stops)
     if scorer is not None and options.group_fraction > 0:
         training.groups = LiveGroups(options, engines, scorer, training.add_group,
-                                     decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                                     decode=decode,
                                      waiting=lambda: sum(e.stats()["waiting"] for e in slots))
     return training

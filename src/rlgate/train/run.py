@@ -220,6 +220,14 @@ def _trim_jsonl(path: Path, upto: int | None) -> None:
     path.write_text("".join(line + "\n" for line in keep))
 
 
+def _recorded_evals(path: Path) -> list[tuple[int, float]]:
+    """(step, reward_mean) of each evaluation ``evals.jsonl`` holds."""
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [(int(r["step"]), float(r["reward_mean"])) for r in rows if "step" in r and "reward_mean" in r]
+
+
 class Terminated(Exception):  # noqa: N818 - what happened, as KeyboardInterrupt
     """The run was stopped by SIGTERM (a scheduler preempting it): the last completed step is saved,
     the message printed; ``rlgate train`` exits 143 (128 + SIGTERM)."""
@@ -298,11 +306,13 @@ async def _run_training(cfg: TrainConfig, hooks: Hooks | None, *, stdout: bool |
             raise
         except Exception as exc:  # noqa: BLE001 - name the checkpoint, not transformers' internals
             raise RunError(f"model: cannot load {ckpt or prep.model}: {type(exc).__name__}: {exc}") from None
-        trainer = GRPOTrainer(model, cfg.grpo, ref_model=ref, total_steps=cfg.steps, steps_done=state.step)
+        trainer = GRPOTrainer(model, cfg.grpo, ref_model=ref, total_steps=cfg.steps, steps_done=state.step,
+                              autocast="bfloat16" if cfg.train.dtype == "mixed" else None)
+        await gw.start_policy(trainer.model, int(saved.get("version") or 0) if saved else None)  # gateway.policy
         if saved is not None:
             trainer.optimizer.load_state_dict(saved["optimizer"])
             print(f"resuming from {ckpt} (step {state.step})", flush=True)
-            if gw.remote or lora_resume:
+            if (gw.remote or lora_resume) and gw.policy is None:
                 await gw.sync.push(trainer.model)  # the gateway must serve the resumed weights
         runner = make_runner(cfg, gw.client, prep.agent, prep.reward_fn)
         trackers = Trackers(cfg, out, cfg.steps, stdout=stdout, start_step=state.step)
@@ -311,10 +321,16 @@ async def _run_training(cfg: TrainConfig, hooks: Hooks | None, *, stdout: bool |
             print(f"metrics: {exporter.url}", flush=True)
         run = TrainRun(cfg, out, trainer, runner, gw.client, gw.sync, state, trackers, prep.eval_data, prep.model)
         run.last_checkpoint = ckpt
-        state.version = (await gw.client.health())["version"]
+        state.version = await gw.client.version()  # the default policy's, or gateway.policy's
         await _call(hooks.on_start(run))
         # -------------------------------------------------------------- 4. loop
-        first_eval = (await run.evaluate()).reward_mean if run.eval_data else None
+        # a resumed run whose starting weights were evaluated already (the last run's final evaluation, in
+        # evals.jsonl) does not evaluate them again: the curve goes on from there (issue 40)
+        recorded = _recorded_evals(out / "evals.jsonl") if resumed else []
+        run.evals += recorded
+        first_eval = next((r for s, r in recorded if s == state.step), None)
+        if first_eval is None and run.eval_data:
+            first_eval = (await run.evaluate()).reward_mean
 
         def record(step: int, result: StepResult) -> None:  # metrics.jsonl, trackers, trajectories
             trackers.log(step, result.metrics)

@@ -39,12 +39,47 @@ def _fmt_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
-class StdoutTracker:
-    """``2026-12-03 10:11:12 step 12/200 reward 0.512 loss 0.0123 kl 1.2e-04 tok/s 1234 failed 0 3.2s eta 10m02s``"""
+ENTROPY_COLLAPSE = 0.05  # nats per generated token: below it the policy samples almost one reply per prompt
 
-    def __init__(self, total_steps: int, print_fn: Any = print) -> None:
+
+def _signal(metrics: dict[str, float]) -> str:
+    """``signal 3/4 ent 1.23 ``: groups whose rewards varied (the others teach nothing) and the policy's
+    mean token entropy; empty for metrics without them."""
+    out = ""
+    if "groups" in metrics:
+        groups = int(metrics["groups"])
+        out += f"signal {groups - int(metrics.get('zero_variance_groups', 0))}/{groups} "
+        if metrics.get("resampled_groups"):
+            out += f"(+{int(metrics['resampled_groups'])} resampled) "
+    if "entropy" in metrics:
+        out += f"ent {metrics['entropy']:.2f} "
+    return out
+
+
+def _alarms(metrics: dict[str, float]) -> str:
+    """What makes a step teach nothing, said on its line: no group with reward variance (no update),
+    or a collapsed policy (entropy below ENTROPY_COLLAPSE)."""
+    out = []
+    if metrics.get("updates", 1.0) == 0:
+        out.append("NO SIGNAL: every group's rewards were equal, no update (grpo.dynamic_sampling resamples such "
+                   "groups)")
+    if "entropy" in metrics and metrics["entropy"] < ENTROPY_COLLAPSE:
+        out.append(f"ENTROPY COLLAPSE: {metrics['entropy']:.3f} nats < {ENTROPY_COLLAPSE} (lower grpo.lr, add "
+                   "grpo.kl_coef)")
+    return "".join(f"  [{a}]" for a in out)
+
+
+class StdoutTracker:
+    """``2026-12-03 10:11:12 step 12/200 reward 0.512 signal 3/4 ent 1.23 loss 0.0123 approx_kl -3.1e-05 tok/s 1234
+    failed 0 3.2s eta 10m02s`` (+ the step's alarms: no signal, entropy collapse). The KL shown is named by its
+    metric: ``kl_ref`` (the k3 estimate of KL to the reference, never negative) when ``kl_coef > 0``, else
+    ``approx_kl`` (the k1 estimate of KL between the policy before and after the update: the mean of
+    ``logp_prox - logp``, which can be negative; a bare "kl -3e-05" read as a bug)."""
+
+    def __init__(self, total_steps: int, print_fn: Any = print, *, kl_ref: bool = False) -> None:
         self.total = total_steps
         self.print = print_fn
+        self.kl_name = "kl_ref" if kl_ref else "approx_kl"
         self._durations: list[float] = []
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -56,12 +91,13 @@ class StdoutTracker:
         recent = self._durations[-10:]
         eta = (self.total - step) * sum(recent) / len(recent)
         tps = metrics.get("tokens_per_s", 0.0)
-        kl = metrics.get("kl_ref", 0.0) or metrics.get("approx_kl", 0.0)  # kl_ref when kl_coef > 0
         speed = format(tps, ",.0f" if tps >= 10 else ".2f")
         self.print(
             f"{time.strftime('%Y-%m-%d %H:%M:%S')} step {step}/{self.total} reward {metrics['reward']:.3f} "
-            f"loss {metrics['loss']:.4f} kl {kl:.2e} tok/s {speed} failed {int(metrics.get('failed_episodes', 0))} "
-            f"{metrics['step_s']:.1f}s eta {_fmt_duration(eta)}", flush=True)
+            f"{_signal(metrics)}loss {metrics['loss']:.4f} {self.kl_name} {metrics.get(self.kl_name, 0.0):.2e} "
+            f"tok/s {speed} "
+            f"failed {int(metrics.get('failed_episodes', 0))} {metrics['step_s']:.1f}s eta {_fmt_duration(eta)}"
+            f"{_alarms(metrics)}", flush=True)
 
     def close(self) -> None:
         pass
@@ -225,7 +261,7 @@ class Trackers:
         self._replace_eval_at: int | None = start_step or None
         self.items: list[Tracker] = [JsonlTracker(out / "metrics.jsonl")]
         if cfg.tracking.stdout if stdout is None else stdout:
-            self.items.append(StdoutTracker(total_steps))
+            self.items.append(StdoutTracker(total_steps, kl_ref=cfg.grpo.kl_coef > 0))
         if cfg.tracking.tensorboard:
             tb = TensorBoardTracker(out / "tensorboard", purge_step=start_step + 1 if start_step else None)
             tb.log_config(cfg.to_yaml(), start_step)  # W&B and MLflow get it as the run's config / params

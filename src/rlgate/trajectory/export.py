@@ -55,6 +55,7 @@ def _base(i: Interaction, first: Interaction, lineage: Lineage, task_id: str) ->
         "messages": [message_to_openai(m) for m in i.messages],
         "output_message": message_to_openai(i.output_message) if i.output_message else None,
         "sampling": dict(i.sampling),
+        "policy": i.policy,
     }
 
 

@@ -15,6 +15,9 @@ flag                   meaning
 ``no_reward``          export only: neither it nor a descendant was rewarded
 ``unaligned``          concat export only: a turn of the chain is not a token prefix
                        of the leaf (that turn gets no loss)
+``dropped_<part>``     the chat template left this part of the request out of the
+                       prompt (tools, tool_calls, tool_results, reasoning, images:
+                       chat/template_support.py): the model never saw it
 =====================  ==============================================================
 """
 
@@ -50,4 +53,5 @@ def reply_flags(i: Interaction) -> list[str]:
             flags.append("unparsed_tool_call")
     if i.relation == "fork":
         flags.append("fork")
+    flags += [f"dropped_{part}" for part in i.template_dropped]
     return flags

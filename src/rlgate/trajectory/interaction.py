@@ -45,6 +45,10 @@ class Interaction:
     # The client's "store" flag. The call is recorded either way; False only means a later
     # request cannot name it with previous_response_id (the Responses API's semantics).
     client_store: bool = True
+    # What the chat template left out of this turn's prompt (chat/template_support.py: tools, tool_calls,
+    # tool_results, reasoning, images): the model never saw it. Stored with the turn (SQLite schema 5).
+    template_dropped: list[str] = field(default_factory=list)
+    policy: str | None = None  # the policy that served it (core/policies.py; None: recorded before policies)
     # Set while pending when the client retried this request (x-stainless-retry-count): it is then
     # recorded as failed when it ends (the client never received it), not as a second branch. In memory.
     superseded_by: str | None = field(default=None, repr=False, compare=False)
@@ -80,6 +84,7 @@ class Session:
     in_flight: int = 0  # requests being generated right now
     render_cache: RenderCache = field(default_factory=RenderCache, repr=False, compare=False)  # freed with it
     image_bytes: int = 0  # image bytes its interactions hold (max_image_bytes_per_session)
+    policy: str | None = None  # the policy it is bound to (core/policies.py); None: unbound (the default's)
 
     def completed_interactions(self) -> list[Interaction]:
         return [i for i in self.interactions.values() if i.completed]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 # Optional fields left out of the wire form while unset (concat-only, or set by rollout).
-_OMIT_WHEN_NONE = ("chain", "turn_rewards", "group_id", "episode", "step", "train_version")
+_OMIT_WHEN_NONE = ("chain", "turn_rewards", "group_id", "episode", "step", "train_version", "policy")
 
 
 @dataclass
@@ -40,10 +40,11 @@ class Sample:
     messages: list[dict[str, Any]] = field(default_factory=list)  # request messages, OpenAI chat form
     output_message: dict[str, Any] | None = None  # the reply as the client received it, OpenAI chat form
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, ... as served
+    policy: str | None = None  # the policy that generated it (its versions are that policy's); concat: the leaf's
     chain: list[str] | None = None  # concat only: interaction ids root -> leaf
     turn_rewards: list[float | None] | None = None  # concat only: discounted reward of each chain interaction
     flags: list[str] = field(default_factory=list)  # silent-failure flags (trajectory/flags.py): empty_reply,
-    # unparsed_tool_call, aborted, fork, no_reward, unaligned (concat: of any turn of the chain)
+    # unparsed_tool_call, aborted, fork, no_reward, unaligned, dropped_<part> (concat: of any turn of the chain)
     # ---- provenance set by the rollout runner and the trainer (None in a plain export)
     group_id: str | None = None  # the GRPO group (rollout runner)
     episode: int | None = None  # the episode's index within its group (rollout runner)

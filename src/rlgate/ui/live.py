@@ -39,7 +39,8 @@ def session_rows(sessions: Iterable[Session]) -> list[SessionRow]:
         rows.append(SessionRow(
             id=s.id, task_id=s.task_id, group=group_of(s), step=int(step) if isinstance(step, int) else None,
             status=_status(s), turns=len(done), tokens=sum(i.num_tokens for i in done), reward=reward,
-            relations=sorted({i.relation for i in done}), flags=flags))
+            relations=sorted({i.relation for i in done}), flags=flags,
+            policy=s.policy or next((i.policy for i in done if i.policy), None)))
     assign_advantages(rows)
     return rows
 

@@ -18,7 +18,9 @@ GRPO group         ``group_id``, ``group``         the task (the rollout runner 
 training step      ``step``                        none
 advantage          ``advantage``                   computed: reward - group mean
 policy version     ``train_version``, ``version``  the newest token version of the same
-                   at training time                                   ``step``, else in the file
+                   at training time                                   ``step``, else of the policy in the file
+policy             ``policy``                      one policy (docs/policies.md: versions are
+                                                   compared within a policy only)
 =================  ==============================  ========================================
 """
 
@@ -42,6 +44,11 @@ FLAG_WORDS = {
     "unaligned": "unaligned turn",
     "stale": "stale tokens",
     "failed": "failed turns",
+    "dropped_tools": "tools not in the prompt",
+    "dropped_tool_calls": "tool calls not in the prompt",
+    "dropped_tool_results": "tool results not in the prompt",
+    "dropped_reasoning": "reasoning not in the prompt",
+    "dropped_images": "images not seen",
 }
 
 
@@ -69,6 +76,7 @@ class Turn:
     advantage: float | None = None  # from the file (the trainer's), if it has one
     tools: list[Any] | None = None
     train_version: int | None = None
+    policy: str | None = None  # the policy that generated it (its versions count in that policy)
 
     @property
     def prompt_len(self) -> int:
@@ -99,6 +107,10 @@ class Episode:
     failed_turns: int = 0  # interactions that failed (not exported)
     advantage: float | None = None  # the trainer's, or computed within the group
     advantage_computed: bool = False
+
+    @property
+    def policy(self) -> str | None:
+        return next((t.policy for t in self.turns if t.policy is not None), None)
 
     @property
     def reward(self) -> float | None:
@@ -142,11 +154,12 @@ class SessionRow:
     flags: list[str]
     advantage: float | None = None
     advantage_computed: bool = False
+    policy: str | None = None
 
 
 def row_of(ep: Episode) -> SessionRow:
     return SessionRow(ep.id, ep.task_id, ep.group, ep.step, ep.status, len(ep.turns), ep.n_tokens, ep.reward,
-                      ep.relations, ep.flags, ep.advantage, ep.advantage_computed)
+                      ep.relations, ep.flags, ep.advantage, ep.advantage_computed, ep.policy)
 
 
 @dataclass
@@ -165,6 +178,11 @@ class Run:
     @property
     def newest_version(self) -> int:
         return max((v for e in self.episodes for t in e.turns for v in t.generated_versions()), default=-1)
+
+    @property
+    def newest_versions(self) -> dict[str | None, int]:
+        """The newest token version of each policy (versions of different policies are not comparable)."""
+        return newest_by_policy(self.episodes)
 
     def groups(self) -> dict[str, list[Episode]]:
         out: dict[str, list[Episode]] = {}
@@ -235,7 +253,7 @@ def turn_from_row(row: Mapping[str, Any], session_id: str) -> Turn:
         sampling=_json_field(row.get("sampling"), {}), flags=flags,
         chain=list(row["chain"]) if row.get("chain") is not None else None,
         advantage=_float(row.get("advantage")), tools=_json_field(row.get("tools"), None),
-        train_version=int(tv) if tv is not None else None,
+        train_version=int(tv) if tv is not None else None, policy=row.get("policy"),
     )
 
 
@@ -322,18 +340,30 @@ def assign_advantages(episodes: list[Any]) -> None:
                 e.advantage, e.advantage_computed = e.reward - mean, True
 
 
-def mark_stale(episodes: list[Episode], lag: int) -> None:
+def newest_by_policy(episodes: list[Episode]) -> dict[str | None, int]:
+    out: dict[str | None, int] = {}
+    for e in episodes:
+        for t in e.turns:
+            out[t.policy] = max([out.get(t.policy, -1), *t.generated_versions()])
+    return out
+
+
+def mark_stale(episodes: list[Episode], lag: int, current: dict[str | None, int] | None = None) -> None:
     """Flag turns with generated tokens more than ``lag`` versions behind their reference: the
     version they were trained at (``train_version``), else the newest version of their training
-    step (a run's per-step dumps), else the newest version in the data."""
-    newest = max((v for e in episodes for t in e.turns for v in t.generated_versions()), default=-1)
-    per_step: dict[int, int] = {}
+    step (a run's per-step dumps), else ``current`` (the live gateway's versions by policy), else the
+    newest version of their policy in the data."""
+    newest = {**newest_by_policy(episodes), **(current or {})}
+    per_step: dict[tuple[int, str | None], int] = {}
     for e in episodes:
         if e.step is not None:
-            per_step[e.step] = max([per_step.get(e.step, -1), *(v for t in e.turns for v in t.generated_versions())])
+            for t in e.turns:
+                key = (e.step, t.policy)
+                per_step[key] = max([per_step.get(key, -1), *t.generated_versions()])
     for e in episodes:
-        step_ref = per_step.get(e.step, newest) if e.step is not None else newest
         for t in e.turns:
+            own = newest.get(t.policy, -1)
+            step_ref = per_step.get((e.step, t.policy), own) if e.step is not None else own
             ref = t.train_version if t.train_version is not None else step_ref
             gen = t.generated_versions()
             if gen and ref - min(gen) > lag and "stale" not in t.flags:

@@ -1,4 +1,5 @@
-"""The online-training part of ``/ui/online``: the canary's state, its test and decisions, the trainer's staleness."""
+"""The online-training part of ``/ui/online``: the canary's state, its test and decisions, the trainer's staleness,
+the reward-hacking guards firing."""
 
 from __future__ import annotations
 
@@ -37,6 +38,14 @@ def training_section(training: OnlineTraining) -> str:
         counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in t.counts.items())
         out += (f"<h1>online training: trainer</h1><p>{e(stale)}; {t.pending_samples} samples waiting; "
                 f"weights published as version {t.version}</p><p>{e(counts)}</p>")
+    h = training.hacking
+    if h is not None:
+        snap_h = h.snapshot()
+        firing = "; ".join(f"{f['guard']} on version {f['version']}: {f['reason']}" for f in snap_h["firing"])
+        out += (f"<h1>online training: reward-hacking guards ({e(snap_h['action'])})</h1><p>"
+                + e(firing or ("none firing" if snap_h["reference"] is not None else
+                               "measuring the reference (the starting version's replies)"))
+                + "</p>")
     g = training.groups
     if g is not None:
         out += "<p>live groups: " + e(", ".join(f"{k.replace('_', ' ')} {v}" for k, v in g.snapshot().items())) + "</p>"

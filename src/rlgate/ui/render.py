@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from bisect import bisect_right
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from typing import Any, Protocol
@@ -119,19 +119,23 @@ def _kv(pairs: Sequence[tuple[str, str]]) -> str:
 def sessions_list(title: str, sessions: Sequence[SessionRow], links: Links, *, omitted: int = 0,
                   omitted_hint: str = "--max-sessions") -> str:
     tasks = sorted({ep.task_id for ep in sessions if ep.task_id is not None})
+    policies = sorted({ep.policy for ep in sessions if ep.policy is not None})
     flags = sorted({f for ep in sessions for f in ep.flags})
     rows = []
     for ep in sessions:
         group = _a(links.group(ep.group), ep.group) if ep.group is not None else "–"
         rows.append(
             f'<tr class="srow" data-task="{e(ep.task_id or "")}" data-reward="{e(ep.reward if ep.reward is not None else "")}"'
-            f' data-relations="{e(" ".join(ep.relations))}" data-flags="{e(" ".join(ep.flags))}">'
-            f'<td>{_a(links.session(ep.id), ep.id, "sid")}</td><td>{et(ep.task_id or "–")}</td><td>{group}</td>'
+            f' data-relations="{e(" ".join(ep.relations))}" data-flags="{e(" ".join(ep.flags))}"'
+            f' data-policy="{e(ep.policy or "")}">'
+            f'<td>{_a(links.session(ep.id), ep.id, "sid")}</td><td>{et(ep.task_id or "–")}</td>'
+            f'<td>{et(ep.policy or "–")}</td><td>{group}</td>'
             f'<td class="num">{e(ep.step if ep.step is not None else "–")}</td><td>{et(ep.status or "–")}</td>'
             f'<td class="num">{ep.turns}</td><td class="num">{ep.tokens}</td>'
             f'<td class="num">{fmt(ep.reward)}</td><td class="num">{fmt(ep.advantage)}</td>'
             f'<td>{et(" ".join(ep.relations))}</td><td>{badges(ep.flags)}</td></tr>')
     task_opts = "".join(f'<option value="{e(t)}">{e(t)}</option>' for t in tasks[:2000])
+    policy_opts = "".join(f'<option value="{e(p)}">{e(p)}</option>' for p in policies)
     flag_opts = "".join(f'<option value="{e(f)}">{e(FLAG_WORDS.get(f, f))}</option>' for f in flags)
     more = (f'<p class="note">{omitted} more sessions are not listed (<code>{et(omitted_hint)}</code>).</p>'
             if omitted else "")
@@ -140,6 +144,7 @@ def sessions_list(title: str, sessions: Sequence[SessionRow], links: Links, *, o
         '<form class="filters" id="filters" autocomplete="off">'
         f'<label>task <input name="task" list="tasks" placeholder="any"></label><datalist id="tasks">{task_opts}'
         '</datalist>'
+        f'<label>policy <select name="policy"><option value="">any</option>{policy_opts}</select></label>'
         '<label>reward ≥ <input name="rmin" type="number" step="any"></label>'
         '<label>reward ≤ <input name="rmax" type="number" step="any"></label>'
         '<label>relation <select name="relation"><option value="">any</option><option value="root">root</option>'
@@ -147,7 +152,7 @@ def sessions_list(title: str, sessions: Sequence[SessionRow], links: Links, *, o
         '<label>failures <select name="failures"><option value="">any</option><option value="*">with failures'
         f'</option><option value="-">without</option>{flag_opts}</select></label>'
         f'<span class="count" id="count">{len(sessions)} sessions</span></form>'
-        '<table class="sessions"><thead><tr><th>session</th><th>task</th><th>group</th><th>step</th>'
+        '<table class="sessions"><thead><tr><th>session</th><th>task</th><th>policy</th><th>group</th><th>step</th>'
         '<th>status</th><th>turns</th><th>tokens</th><th>reward</th><th>advantage</th><th>relations</th>'
         f'<th>failures</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
     )
@@ -176,7 +181,8 @@ def session_view(ep: Episode, links: Links) -> str:
     tree = "<ul class=\"tree\">" + "".join(node(t) for t in by_parent.get(None, [])) + "</ul>"
     group = _a(links.group(ep.group), ep.group) if ep.group is not None else "–"
     adv = fmt(ep.advantage) + (" (reward − group mean)" if ep.advantage_computed else "")
-    head = _kv([("task", et(ep.task_id or "–")), ("group", group), ("step", e(ep.step if ep.step is not None else "–")),
+    head = _kv([("task", et(ep.task_id or "–")), ("policy", et(ep.policy or "–")), ("group", group),
+                ("step", e(ep.step if ep.step is not None else "–")),
                 ("status", et(ep.status or "–")), ("reward", fmt(ep.reward)), ("advantage", e(adv)),
                 ("turns", f"{len(ep.turns)}" + (f", {ep.failed_turns} failed" if ep.failed_turns else "")),
                 ("failures", badges(ep.flags) or "none")])
@@ -422,19 +428,22 @@ def pager(links: Links, sid: str, tid: str, part: int, parts: int,
 
 
 def interaction_view(ep: Episode, turn: Turn, texts: TokenTexts, links: Links, *,
-                     newest_version: int, stale_lag: int, part: int = 1,
+                     newest_version: int | Mapping[str | None, int], stale_lag: int, part: int = 1,
                      available: Collection[int] | None = None) -> str:
     """One part of a turn's page (``part`` 1-based, clamped to the turn's parts): a window of the
-    token strip, of the messages and of the raw request, and the pager between the parts."""
+    token strip, of the messages and of the raw request, and the pager between the parts.
+    ``newest_version``: the reference version, or one per policy."""
     by_id = {t.id: t for t in ep.turns}
     parent = by_id.get(turn.parent_id) if turn.parent_id else None
-    ref = turn.train_version if turn.train_version is not None else newest_version
+    newest = newest_version if isinstance(newest_version, int) else newest_version.get(turn.policy, -1)
+    ref = turn.train_version if turn.train_version is not None else newest
     gen = turn.generated_versions()
     lps = list(compress(turn.logprobs, turn.loss_mask))
     parent_link = _a(links.turn(ep.id, parent.id), parent.id) if parent is not None else et(turn.parent_id or "–")
     rel = et(turn.relation) + (f" ({et(turn.fork_reason or 'reason not recorded')})" if turn.relation == "fork" else "")
     head = _kv([
-        ("session", _a(links.session(ep.id), ep.id)), ("relation", rel), ("parent", parent_link),
+        ("session", _a(links.session(ep.id), ep.id)), ("policy", et(turn.policy or "–")), ("relation", rel),
+        ("parent", parent_link),
         ("surface", et(turn.api or "–")), ("finish", et(turn.finish_reason or "–")), ("reward", fmt(turn.reward)),
         ("advantage", fmt(turn.advantage if turn.advantage is not None else ep.advantage)),
         ("tokens", f"{len(turn.input_ids)} ({len(gen)} generated)"),

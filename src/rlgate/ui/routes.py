@@ -187,7 +187,9 @@ async def turn_page(request: Request, session: str = "", id: str = "", part: int
     turn = next((t for t in ep.turns if t.id == tid), None)
     if turn is None:
         return _not_found(request, f"no completed turn {tid!r} in session {sid!r}")
-    lag, version = g.config.guard_stale_lag, g.engine.version
+    lag = g.config.guard_stale_lag
+    versions: dict[str | None, int] = {None: g.engine.version}  # None: turns recorded before policies
+    versions.update(g.policies.versions())
     mark_stale([ep], lag)
     tokenizer = _tokenizer(request)
 
@@ -195,7 +197,7 @@ async def turn_page(request: Request, session: str = "", id: str = "", part: int
         return token_texts_window(tokenizer, turn.input_ids, start, end)
 
     def render() -> str:
-        return interaction_view(ep, turn, texts, LINKS, newest_version=version, stale_lag=lag, part=part)
+        return interaction_view(ep, turn, texts, LINKS, newest_version=versions, stale_lag=lag, part=part)
 
     return _page(request, f"turn {tid}", await asyncio.to_thread(render))
 

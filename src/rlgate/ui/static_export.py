@@ -59,7 +59,7 @@ def static_parts(turn: Turn) -> list[int]:
 
 def render_static(run: Run, texts_for: TextsFor) -> str:
     links = StaticLinks()
-    newest = run.newest_version
+    newest = run.newest_versions
     parts = [_template("home", sessions_list(run.title, [row_of(ep) for ep in run.episodes], links,
                                              omitted=run.omitted))]
     for ep in run.episodes:

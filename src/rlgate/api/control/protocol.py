@@ -16,6 +16,7 @@ class StartSessionRequest(BaseModel):
     api_key: str | None = Field(default=None, max_length=512)
     mode: Literal["token_exact", "rerender"] | None = None  # per-session trajectory mode
     metadata: dict[str, Any] | None = None
+    policy: str | None = Field(default=None, max_length=64)  # bind the session to this policy (GET /v1/models)
 
 
 class StartSessionsRequest(BaseModel):
@@ -51,6 +52,19 @@ class FinishSessionRequest(BaseModel):
 
 class UpdateWeightsRequest(BaseModel):
     path: str = Field(min_length=1)
+    policy: str | None = Field(default=None, max_length=64)  # an adapter policy: path is its adapter directory
+
+
+class LoadPolicyRequest(BaseModel):
+    """``POST /rl/policies``: a new adapter policy."""
+
+    name: str = Field(min_length=1, max_length=64)
+    path: str = Field(min_length=1)  # a PEFT LoRA adapter directory (adapter_config.json + *.safetensors)
+    version: int | None = Field(default=None, ge=0, le=2**31 - 1)  # its version (default 0; a resumed run's)
+
+
+class UnloadPolicyRequest(BaseModel):
+    name: str = Field(min_length=1, max_length=64)
 
 
 class CollectRequest(BaseModel):
@@ -58,3 +72,4 @@ class CollectRequest(BaseModel):
     wait_timeout: float = Field(default=0.0, ge=0.0, le=10.0)  # seconds to wait for the first finished session
     style: Literal["individual", "concat"] = "individual"
     discount: float = Field(default=1.0, ge=0.0, le=1.0)
+    policy: str | None = Field(default=None, max_length=64)  # only sessions of this policy (unbound: the default's)

@@ -11,11 +11,13 @@ POST /rl/set_reward        session/adm  reward an interaction (default: last one
 POST /export_trajectories  admin        samples of an ended session
 POST /rl/finish_session    admin        end + rewards + export in one call (rlgate)
 POST /rl/collect           admin        exports of finished sessions, oldest first
-POST /rl/update_weights    admin        load a checkpoint into the engine
+POST /rl/update_weights    admin        load a checkpoint into the engine (or a policy's adapter)
+GET/POST /rl/policies      admin        the policies served; load an adapter policy (api/control/policies.py)
+POST /rl/policies/unload   admin        unload an adapter policy
 GET  /rl/metrics           admin        counters (JSON)
 GET  /metrics              admin        Prometheus text format (docs/operations.md)
 GET  /health               none         liveness, weight version, degraded guards
-GET  /v1/models, /models   any key      the served model
+GET  /v1/models, /models   any key      the served policies (the default first)
 =========================  ===========  ==========================================
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -43,8 +46,10 @@ from rlgate.api.control.protocol import (
 )
 from rlgate.core.gateway import Gateway
 from rlgate.engine.base import EngineError
-from rlgate.engine.capabilities import DescribesBackends
-from rlgate.errors import GatewayError, InvalidRequest, NotFound, PermissionDenied, error_body
+from rlgate.engine.capabilities import ChecksWeights, DescribesBackends
+from rlgate.engine.weight_check import WeightCheck
+from rlgate.errors import GatewayError, InvalidRequest, NotFound, PermissionDenied, engine_failure, error_body
+from rlgate.trajectory.interaction import Session
 
 log = logging.getLogger("rlgate.server")
 
@@ -99,8 +104,9 @@ def _start(request: Request, body: StartSessionRequest) -> dict[str, str]:
     if has_non_finite(body.metadata):
         raise InvalidRequest("metadata holds NaN or an infinite number, which is not valid JSON", param="metadata",
                              code="invalid_json")
+    policy = gw(request).policies.require(body.policy).name if body.policy is not None else None
     session, key = gw(request).sessions.start_session(
-        body.task_id, body.api_key, mode=body.mode, metadata=body.metadata
+        body.task_id, body.api_key, mode=body.mode, metadata=body.metadata, policy=policy
     )
     return {"session_id": session.id, "api_key": key}
 
@@ -133,7 +139,7 @@ async def export_trajectories(request: Request, body: ExportRequest) -> dict[str
     require_admin(request)
     return await gw(request).sessions.export(
         body.session_id, style=body.style, discount=body.discount, keep=body.keep,
-        wait_timeout=body.wait_timeout, current_version=gw(request).engine.version,
+        wait_timeout=body.wait_timeout, current_version=gw(request).policies.session_version(body.session_id),
     )
 
 @router.post("/rl/finish_session", tags=["control"])
@@ -145,7 +151,7 @@ async def finish_session(request: Request, body: FinishSessionRequest) -> dict[s
     require_admin(request)
     return await gw(request).sessions.finish(
         body.session_id, reward=body.reward, rewards=body.rewards, style=body.style, discount=body.discount,
-        wait_timeout=body.wait_timeout, current_version=gw(request).engine.version,
+        wait_timeout=body.wait_timeout, current_version=gw(request).policies.session_version(body.session_id),
     )
 
 @router.post("/rl/collect", tags=["control"])
@@ -153,21 +159,62 @@ async def collect(request: Request, body: CollectRequest) -> dict[str, Any]:
     """Exports of up to ``max_sessions`` finished (ended or interrupted) sessions, in the order they
     finished, without naming them (rlgate extension; a long poll with ``wait_timeout``)."""
     require_admin(request)
+    where: Callable[[Session], bool] | None = None
+    if body.policy is not None:  # one trainer's sessions on a gateway several train on (docs/policies.md)
+        name, default = gw(request).policies.require(body.policy).name, gw(request).policies.default.name
+
+        def of_policy(s: Session) -> bool:
+            return (s.policy or default) == name
+
+        where = of_policy
     sessions = await gw(request).sessions.collect(body.max_sessions, wait_timeout=body.wait_timeout,
-                                                  style=body.style, discount=body.discount)
+                                                  style=body.style, discount=body.discount, where=where)
     return {"sessions": sessions}
 
 @router.post("/rl/update_weights", tags=["control"])
 async def update_weights(request: Request, body: UpdateWeightsRequest) -> dict[str, Any]:
+    """Load the checkpoint ``path`` into the engine; the engine checks what it then serves against
+    the checkpoint's probe when it has one (engine/weight_check.py). A checkpoint the engine cannot
+    use is a 400 (``param: path``); a backend's failure or a failed check is the server side's (502
+    / 503, ``backend_error``, ``weight_check_failed``, ...), and the previous weights keep serving."""
     require_admin(request)
     g = gw(request)
+    before = _last_check(g)
+    policy = g.policies.require(body.policy) if body.policy is not None else g.policies.default
     try:
+        if policy.adapter is not None:  # an adapter policy: its adapter alone (the others go on untouched)
+            version = await g.policies.push(policy.name, body.path)
+            log.info("policy %s updated: version %d", policy.name, version)
+            return {"message": "success", "version": version, "policy": policy.name}
+        g.policies.check_full_push()
         version = await g.engine.update_weights_from_path(body.path)
     except EngineError as exc:
-        raise InvalidRequest(exc.message, param="path", code=exc.code,
-                             status=exc.status if 400 <= exc.status < 600 else 400) from exc
+        _record_check(g, before)
+        if 400 <= exc.status < 500:
+            raise InvalidRequest(exc.message, param="path", code=exc.code, status=exc.status) from exc
+        raise engine_failure(exc.message, status=exc.status if 500 <= exc.status < 600 else 502,
+                             code=exc.code) from exc
+    check = _record_check(g, before)
     log.info("weights updated: version %d", version)
-    return {"message": "success", "version": version}
+    out: dict[str, Any] = {"message": "success", "version": version}
+    if check is not None:
+        out["weight_check"] = check.describe()
+    return out
+
+
+def _last_check(g: Gateway) -> WeightCheck | None:
+    return g.engine.last_weight_check if isinstance(g.engine, ChecksWeights) else None
+
+
+def _record_check(g: Gateway, before: WeightCheck | None) -> WeightCheck | None:
+    """The check of the update that just ran (None if the engine ran none), counted in the metrics."""
+    check = _last_check(g)
+    if check is None or check is before:
+        return None
+    g.metrics.record_weight_check(check.result, check.max_diff if check.skipped is None else None)
+    if check.result == "fail":
+        log.error("weight check failed: %s", check.describe())
+    return check
 
 @router.get("/rl/metrics", tags=["control"])
 async def metrics(request: Request) -> dict[str, Any]:
@@ -180,6 +227,7 @@ async def metrics(request: Request) -> dict[str, Any]:
         "sessions": len(g.sessions.sessions),
         "capacity": g.sessions.capacity,
         "engine_version": g.engine.version,
+        "policies": g.policies.versions(),  # name -> version (the default first)
         **({"engine": g.engine.describe()} if isinstance(g.engine, DescribesBackends) else {}),  # remote: backends
     }
 
@@ -211,10 +259,18 @@ async def health(request: Request) -> dict[str, Any]:
 
 async def list_models(request: Request) -> dict[str, Any]:
     g = gw(request)
-    if not is_admin_request(request) and tenant_from_request(request) is None:  # tenants: rlgate serve --online
+    tenant = tenant_from_request(request)  # rlgate serve --online
+    if not is_admin_request(request) and tenant is None:
         session_from_request(request)
+    default = g.policies.default.name
+    shown = g.policies.all()
+    if tenant is not None:  # a tenant sees the policy that serves it, never the others' (online/tenant_policies.py)
+        own = request.app.state.tenant_policies.policy_of(tenant.id)
+        shown = [p for p in shown if p.name == own]
     return {"object": "list", "data": [
-        {"id": g.config.model_name, "object": "model", "created": int(g.started_at), "owned_by": "rlgate"}
+        {"id": p.name, "object": "model", "created": int(p.loaded_at if p.adapter else g.started_at),
+         "owned_by": "rlgate", "parent": default if p.adapter else None, "root": default}
+        for p in shown
     ]}
 
 router.add_api_route("/v1/models", list_models, methods=["GET"], tags=["openai"])

@@ -88,6 +88,7 @@ async def revoke_tenant(request: Request, body: RevokeTenantRequest) -> dict[str
     if body.delete_data:
         deleted = asdict(on.rights.delete_tenant_data(tenant.id))
         on.forget_tenant(tenant.id)
+        await on.records.forget_deleted()  # durable, and gone from the store's files, before the 200
     return {**tenant_view(tenant), "deleted": deleted}
 
 
@@ -103,7 +104,7 @@ async def post_feedback(request: Request, body: FeedbackRequest) -> dict[str, An
         found = on.conversations.find_turn(target.tenant, body.other_interaction_id)
         if found is None or not found[1].completed:
             raise NotFound(f"turn {body.other_interaction_id!r} not found", param="other_interaction_id")
-        other = found[1]
+        other = found
     events, reward = on.record(target, body.kind, body.value, body.source, metadata=body.metadata, other=other)
     return {"object": "feedback", "ids": [e.id for e in events], "tenant_id": target.tenant,
             "conversation_id": target.conversation_id, "interaction_id": events[0].interaction_id,
@@ -137,4 +138,5 @@ async def delete_data(request: Request, body: DeleteDataRequest) -> dict[str, An
         deletion = on.rights.delete_conversation(tenant, body.conversation_id)
     else:
         deletion = on.rights.delete_tenant_data(tenant)
+    await on.records.forget_deleted()  # durable, and gone from the store's files (the WAL), before the 200
     return {"object": "deletion", **asdict(deletion)}

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from rlgate.api.auth import session_from_request
-from rlgate.api.common import JsonResponse, parse_model, read_json, report_ignored, retry_attempt
+from rlgate.api.common import JsonResponse, parse_model, read_json, report_ignored, retry_attempt, template_dropped
 from rlgate.api.openai_chat import serving
 from rlgate.api.openai_chat.protocol import ChatCompletionRequest
 from rlgate.api.openapi import body_schema
@@ -22,9 +22,10 @@ async def chat_completions(request: Request):
     session = session_from_request(request)
     body = parse_model(ChatCompletionRequest, await read_json(request))
     chat = serving.to_chat_request(body)
-    chat.retry_attempt = retry_attempt(request)
+    chat.retry_attempt, chat.model = retry_attempt(request), body.model
     headers = report_ignored("chat.completions", serving.ignored_params(body))
     prepared = await gw.generation.prepare(session, chat, api="chat", id_prefix=serving.ID_PREFIX)
+    headers |= template_dropped(prepared.interaction.template_dropped)
     model = body.model or gw.config.model_name
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

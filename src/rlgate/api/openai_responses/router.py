@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from rlgate.api.auth import session_from_request
-from rlgate.api.common import JsonResponse, parse_model, read_json, report_ignored, retry_attempt
+from rlgate.api.common import JsonResponse, parse_model, read_json, report_ignored, retry_attempt, template_dropped
 from rlgate.api.openai_responses import convert, objects, serving
 from rlgate.api.openai_responses.protocol import ResponseCreateRequest
 from rlgate.api.openai_responses.tools import response_tools
@@ -25,7 +25,7 @@ async def create_response(request: Request):
     body = parse_model(ResponseCreateRequest, await read_json(request))
     tools = response_tools(body.tools)
     chat = convert.to_chat_request(body, session, tools)
-    chat.retry_attempt = retry_attempt(request)
+    chat.retry_attempt, chat.model = retry_attempt(request), body.model
     headers = report_ignored("responses", convert.ignored_params(body, tools))
     ctx = objects.context(body, chat, body.model or gw.config.model_name, tools)
     try:
@@ -36,6 +36,7 @@ async def create_response(request: Request):
             raise
         return StreamingResponse(serving.failed_stream(ctx, exc), media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
+    headers |= template_dropped(prepared.interaction.template_dropped)
     if body.stream:
         return StreamingResponse(
             serving.stream_events(gw.generation, prepared, ctx),

@@ -31,6 +31,7 @@ class RequestState:
     queue: asyncio.Queue[TokenDelta | BaseException]
     stop_ids: frozenset[int] = frozenset()
     session_id: str | None = None  # whose request (admission is fair across sessions)
+    adapter: str | None = None  # the LoRA adapter its tokens are generated with (None: the base weights)
     generated: list[int] = field(default_factory=list)  # tokens sampled so far (worker thread)
     finished: bool = False  # set by the worker once the final delta is sent
     aborted: bool = False  # set by the consumer (stream closed early)

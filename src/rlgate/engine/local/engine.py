@@ -35,6 +35,11 @@ token, prompt + tokens generated so far are prefilled again with the new weights
 token is produced entirely by the weights its version names, and a request in flight across
 the update carries both versions (old ones first).
 
+LoRA adapters (:mod:`.lora`, :meth:`LocalEngine.load_adapter`) sit on the base weights, held once;
+a request names one (``GenerateRequest.adapter``) and its row gets that adapter's update in the same
+forward as every other row. Loading or replacing an adapter retracts only that adapter's rows; its
+tokens carry the adapter's version.
+
 :meth:`LocalEngine.pause_generation` stops the worker between two steps (it returns once no
 step is running: no token is produced until :meth:`LocalEngine.continue_generation`);
 requests in flight keep their rows and new ones queue. Weight swaps still run while paused.
@@ -67,12 +72,16 @@ from rlgate.engine.base import (
     TokenDelta,
     WeightUpdateError,
 )
+from rlgate.engine.local.adapters import AdapterCommands
 from rlgate.engine.local.admission import admit_fairly
 from rlgate.engine.local.batch import Batch, Command, RequestState, coalesce
 from rlgate.engine.local.cache import PaddedCache, attention_layer_count
+from rlgate.engine.local.lora import AdapterBank
+from rlgate.engine.local.probe import checked_copy
 from rlgate.engine.local.sampling import sample_tokens
 from rlgate.engine.local.weights import load_safetensors_dir, match_state_dict
 from rlgate.engine.options import EngineOptions
+from rlgate.engine.weight_check import DEFAULT_TOLERANCE, WeightCheck, WeightCheckFailed, WeightProbe, read_probe
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -86,7 +95,7 @@ log = logging.getLogger("rlgate.engine.local")
 PREFILL_TOKEN_BUDGET = 16384
 
 
-class LocalEngine(StreamingEngineMixin):
+class LocalEngine(AdapterCommands, StreamingEngineMixin):
     """Serve a Hugging Face causal LM in this process with continuous batching."""
 
     def __init__(
@@ -101,6 +110,7 @@ class LocalEngine(StreamingEngineMixin):
         max_rows_per_session: int | None = None,
         seed: int | None = None,
         threads: int | None = None,
+        weight_check_tolerance: float | None = DEFAULT_TOLERANCE,
     ) -> None:
         """``seed``: a request without its own seed gets one made from this, its session and its prompt
         (never from arrival order), so a seeded run samples the same tokens whatever the concurrency.
@@ -116,6 +126,8 @@ class LocalEngine(StreamingEngineMixin):
         if threads is not None and threads < 1:
             raise ValueError("threads must be >= 1")
         self._threads = threads
+        self.weight_check_tolerance = weight_check_tolerance  # None: checkpoints' probes are not checked
+        self.last_weight_check: WeightCheck | None = None
         if model is None:
             target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             assert model_path is not None
@@ -145,6 +157,7 @@ class LocalEngine(StreamingEngineMixin):
         # one session cannot take the whole batch while others wait (default: half of it)
         self._max_rows_per_session = max_rows_per_session or max(1, max_batch_size // 2)
         self._version = 0
+        self._adapters = AdapterBank(model)  # LoRA adapters: their weights and versions (worker thread)
         self._seed_rng = random.Random()
         self._run_seed = seed
 
@@ -255,6 +268,8 @@ class LocalEngine(StreamingEngineMixin):
 
     async def stream(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         self._validate(request)
+        if request.adapter is not None and request.adapter not in self._adapters:
+            raise EngineError(f"no adapter {request.adapter!r} is loaded", status=404, code="adapter_not_found")
         await self.start()
         sampling = request.sampling
         seed = sampling.seed if sampling.seed is not None else self._default_seed(request)
@@ -266,6 +281,7 @@ class LocalEngine(StreamingEngineMixin):
             queue=asyncio.Queue(),
             stop_ids=frozenset(sampling.stop_token_ids),
             session_id=request.session_id,
+            adapter=request.adapter,
         )
         with self._cv:
             if self._stopping:
@@ -303,18 +319,25 @@ class LocalEngine(StreamingEngineMixin):
     # -- weights ---------------------------------------------------------------------------
 
     async def update_weights_from_path(self, path: str | os.PathLike[str]) -> int:
-        """Load a safetensors checkpoint directory into the model; return the new version."""
+        """Load a safetensors checkpoint directory into the model, checked against its probe if it has
+        one (engine/weight_check.py); return the new version."""
         state = await asyncio.to_thread(load_safetensors_dir, path)
-        return await self.update_weights_from_state_dict(state)
+        probe = await asyncio.to_thread(read_probe, path)
+        return await self.update_weights_from_state_dict(state, probe=probe, path=str(path))
 
-    async def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> int:
-        """Copy ``state_dict`` into the model between two decoding steps; return the new version."""
+    async def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor], *,
+                                             probe: WeightProbe | None = None, path: str = "(in memory)") -> int:
+        """Copy ``state_dict`` into the model between two decoding steps (and check it against
+        ``probe``: a failure puts the previous weights back); return the new version."""
         pairs = match_state_dict(self._model, state_dict)
 
         def swap() -> int:
-            with torch.no_grad():
-                for target, source in pairs:
-                    target.copy_(source)
+            try:
+                self.last_weight_check = checked_copy(self._model, pairs, probe, path=path,
+                                                      tolerance=self.weight_check_tolerance)
+            except WeightCheckFailed as exc:
+                self.last_weight_check = exc.check
+                raise
             return self._bump()
 
         return await self._run_command(swap)
@@ -329,12 +352,18 @@ class LocalEngine(StreamingEngineMixin):
         self._retract()
         return self._version
 
-    def _retract(self) -> None:
-        """Drop the running batch's KV cache; its rows are prefilled again (prompt + generated) first."""
-        batch, self._batch = self._batch, None
+    def _retract(self, adapter: str | None = None, *, only: bool = False) -> None:
+        """Drop the KV cache of the running rows (``only``: of ``adapter``'s rows); they are prefilled again
+        (prompt + generated) first."""
+        batch = self._batch
         if batch is None:
             return
-        rows = [r for r in batch.rows if not r.done]
+        out = [i for i, r in enumerate(batch.rows) if not only or r.adapter == adapter]
+        rows = [batch.rows[i] for i in out if not batch.rows[i].done]
+        if len(out) == len(batch):
+            self._batch = None
+        elif out:
+            batch.select([i for i in range(len(batch)) if i not in set(out)])
         with self._cv:
             self._pending.extendleft(reversed(rows))
 
@@ -459,10 +488,12 @@ class LocalEngine(StreamingEngineMixin):
 
         Identical sequences (a GRPO group: the same prompt sampled n times) are run once and their
         cache rows copied, when ``dedup_prefill`` is on."""
-        seqs = [tuple(r.sequence) for r in reqs]  # prompt, + the tokens generated so far for a retracted row
-        where: dict[tuple[int, ...], int] = {}
+        # prompt (+ the tokens generated so far for a retracted row), and the adapter that reads it
+        seqs = [(r.adapter, tuple(r.sequence)) for r in reqs]
+        where: dict[tuple[str | None, tuple[int, ...]], int] = {}
         rows = [where.setdefault(q, len(where)) for q in seqs] if self.dedup_prefill else list(range(len(seqs)))
-        unique = list(where) if self.dedup_prefill else seqs
+        keys = list(where) if self.dedup_prefill else seqs
+        unique = [q for _, q in keys]
         length = max(len(q) for q in unique)
         ids = torch.zeros(len(unique), length, dtype=torch.long)
         mask = torch.zeros(len(unique), length, dtype=torch.long)
@@ -474,7 +505,7 @@ class LocalEngine(StreamingEngineMixin):
         cache = PaddedCache(self._num_layers)
         self._prefill_passes += 1
         self._prefill_rows += len(unique)
-        logits = self._forward(ids, mask, positions, cache)
+        logits = self._forward(ids, mask, positions, cache, [a for a, _ in keys])
         if len(unique) < len(reqs):  # one cache row (a copy) and one logits row per request
             idx = torch.tensor(rows, dtype=torch.long, device=self._device)
             cache.select_rows(idx)
@@ -486,17 +517,17 @@ class LocalEngine(StreamingEngineMixin):
         """Feed each row its last sampled token; return the next-token logits."""
         ids = torch.tensor(batch.next_tokens, dtype=torch.long, device=self._device)[:, None]
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch), 1)], dim=1)
-        logits = self._forward(ids, batch.mask, batch.positions[:, None], batch.cache)
+        logits = self._forward(ids, batch.mask, batch.positions[:, None], batch.cache, [r.adapter for r in batch.rows])
         batch.positions = batch.positions + 1
         return logits
 
-    def _forward(
-        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: PaddedCache
-    ) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: PaddedCache,
+                 adapters: list[str | None]) -> torch.Tensor:
         kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._takes_logits_to_keep else {}
-        out = self._model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, **kwargs
-        )
+        with self._adapters.plan(adapters):  # each row's LoRA adapter, if any
+            out = self._model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, **kwargs
+            )
         return out.logits[:, -1, :].float().cpu()
 
     def _emit(self, batch: Batch, logits: torch.Tensor) -> None:
@@ -504,13 +535,13 @@ class LocalEngine(StreamingEngineMixin):
         tokens, logprobs = sample_tokens(
             logits, [r.sampling for r in batch.rows], [r.generator for r in batch.rows]
         )
-        version = self._version
         for req, tok, lp in zip(batch.rows, tokens, logprobs, strict=True):
             if req.done:
                 continue
             req.generated.append(tok)
             finish = self._finish_reason(req, tok)
             req.finished = finish is not None
+            version = self._version if req.adapter is None else self._adapters.version(req.adapter)
             req.push(TokenDelta([tok], [lp], [version], finish))
         batch.next_tokens = tokens
 
@@ -550,8 +581,17 @@ class LocalEngine(StreamingEngineMixin):
 
 if TYPE_CHECKING:  # mypy checks that LocalEngine has these capabilities (engine/capabilities.py)
     from rlgate.engine.base import Engine
-    from rlgate.engine.capabilities import HasModel, HasStats, Pausable, QueueWaitObservable, VersionRestorable
+    from rlgate.engine.capabilities import (
+        ChecksWeights,
+        HasModel,
+        HasStats,
+        Pausable,
+        QueueWaitObservable,
+        ServesAdapters,
+        VersionRestorable,
+    )
 
     def _capabilities(engine: LocalEngine) -> tuple[Engine, Pausable, VersionRestorable, HasStats,
-                                                    QueueWaitObservable, HasModel]:
-        return engine, engine, engine, engine, engine, engine
+                                                    QueueWaitObservable, HasModel, ChecksWeights,
+                                                    ServesAdapters]:
+        return engine, engine, engine, engine, engine, engine, engine, engine

@@ -93,6 +93,14 @@ class BackendHooks(Protocol):
         """Load the checkpoint at ``path``, labelled ``label`` where the server keeps labels."""
         ...
 
+    async def restore_adapters(self, b: Backend) -> None:
+        """Load the LoRA adapters the engine serves on ``b`` (a backend that rejoins)."""
+        ...
+
     def label_for(self, version: int) -> str:
         """The label the server gets for the gateway's weight ``version``."""
+        ...
+
+    async def score_backend(self, b: Backend, input_ids: list[int]) -> list[float]:
+        """Teacher-forced ``log_softmax(logits)`` of ``input_ids[1:]`` on ``b`` (the weight check)."""
         ...

@@ -66,6 +66,7 @@ from rlgate.engine.base import (
     StreamingEngineMixin,
     TokenDelta,
 )
+from rlgate.engine.remote.adapters import RemoteAdapters
 from rlgate.engine.remote.backend import Backend
 from rlgate.engine.remote.errors import (
     BackendAborted,
@@ -79,6 +80,7 @@ from rlgate.engine.remote.options import RemoteOptions
 from rlgate.engine.remote.pool import BackendPool, Failover
 from rlgate.engine.remote.weights import BackendWeights
 from rlgate.engine.remote.wire import Chunk, StreamState, check_tokens, drain, sse_data
+from rlgate.engine.weight_check import DEFAULT_TOLERANCE, WeightCheck, read_probe
 from rlgate.engine.weights_path import checkpoint_dir
 
 __all__ = ["MAX_RESUMES", "PROBE_TIMEOUT", "RemoteEngine"]
@@ -94,7 +96,7 @@ class _AbortedByPause(Exception):
     """The backend aborted a request because generation was paused: resume it from its prefix."""
 
 
-class RemoteEngine(StreamingEngineMixin):
+class RemoteEngine(RemoteAdapters, StreamingEngineMixin):
     """Base class of the SGLang and vLLM engines (see the module docstring)."""
 
     kind: ClassVar[str] = "remote"
@@ -117,6 +119,7 @@ class RemoteEngine(StreamingEngineMixin):
         max_connections: int = RemoteOptions.backend_max_connections,
         api_key: str | None = RemoteOptions.backend_api_key,
         strict_logprobs: bool = RemoteOptions.strict_logprobs,
+        weight_check_tolerance: float | None = DEFAULT_TOLERANCE,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         urls = [u.rstrip("/") for u in backend_urls]
@@ -135,7 +138,7 @@ class RemoteEngine(StreamingEngineMixin):
             max_connections=max_connections, headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
             transport=transport,
         )
-        self.weights = BackendWeights(self.pool, self, health_timeout=health_timeout)
+        self.weights = BackendWeights(self.pool, self, health_timeout=health_timeout, tolerance=weight_check_tolerance)
         self.health_interval = health_interval
         self.update_timeout = update_timeout
         self.strict_logprobs = strict_logprobs
@@ -143,6 +146,7 @@ class RemoteEngine(StreamingEngineMixin):
         self._ready: asyncio.Task[None] | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._closed = False
+        self._lora = {}  # LoRA adapters loaded on the backends (engine/remote/adapters.py)
 
     # ------------------------------------------------------------------ properties
 
@@ -184,7 +188,13 @@ class RemoteEngine(StreamingEngineMixin):
             "failover": self.failover,
             "logprobs": self.logprobs_mode,
             "backends": [b.describe() for b in self.backends],
+            "weight_check": self.last_weight_check.describe() if self.last_weight_check is not None else None,
         }
+
+    @property
+    def last_weight_check(self) -> WeightCheck | None:
+        """The outcome of the last weight update's check (engine/weight_check.py), if any ran."""
+        return self.weights.last_check
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -220,8 +230,9 @@ class RemoteEngine(StreamingEngineMixin):
         directory is checked first, here, as every engine checks it (engine/weights_path.py): it
         must be visible at the same path to the gateway and to the backends."""
         await asyncio.to_thread(checkpoint_dir, path)
+        probe = await asyncio.to_thread(read_probe, path)
         await self.ensure_ready()
-        return await self.weights.update(str(path))
+        return await self.weights.update(str(path), probe)
 
     async def _probe_all(self) -> None:
         await asyncio.gather(*(self._probe_safely(b) for b in self.backends))
@@ -272,6 +283,10 @@ class RemoteEngine(StreamingEngineMixin):
     def label_for(self, version: int) -> str:
         """The label the server gets for the gateway's weight ``version``."""
         return str(version)
+
+    async def score_backend(self, b: Backend, input_ids: list[int]) -> list[float]:
+        """Teacher-forced ``log_softmax(logits)`` of ``input_ids[1:]`` on ``b`` (the weight check)."""
+        raise NotImplementedError
 
     @property
     def tags_by_start(self) -> bool:
@@ -350,6 +365,7 @@ class RemoteEngine(StreamingEngineMixin):
             raise EngineError("the engine is shutting down", status=503, code="engine_unavailable")
         await self.ensure_ready()
         self._validate(request)
+        self.check_adapter(request)
         produced: list[int] = []  # tokens passed on, over every attempt
         current, resumes = request, 0
         pause = self.weights.pause
@@ -415,13 +431,15 @@ class RemoteEngine(StreamingEngineMixin):
                     if chunk is None:
                         continue
                     check_tokens(chunk)
+                    if not self.tags_by_start and epoch < self.weights.pause.epoch:  # it ran across an update
+                        await self._after_check(b, epoch, len(st.ids))
                     st.ids.extend(chunk.token_ids)
                     if len(st.ids) > request.sampling.max_new_tokens:
                         raise MalformedResponse(f"{len(st.ids)} tokens generated; max_new_tokens was "
                                                 f"{request.sampling.max_new_tokens}")
                     if chunk.token_ids or chunk.finish is not None:
-                        v = start_version if self.tags_by_start else self._version_of(b, chunk.weight_label,
-                                                                                      start_version)
+                        v = (self.adapter_version(request.adapter) if request.adapter is not None else start_version
+                             if self.tags_by_start else self._version_of(b, chunk.weight_label, start_version))
                         st.finished = chunk.finish is not None
                         yield TokenDelta(chunk.token_ids, chunk.logprobs, [v] * len(chunk.token_ids), chunk.finish)
                     if st.finished:
@@ -478,6 +496,18 @@ class RemoteEngine(StreamingEngineMixin):
             raise EngineError(f"{self.kind} backend {b.url} went away after {len(st.ids)} tokens "
                               f"({describe_exc(exc)})", status=503, code="backend_unavailable") from exc
 
+    async def _after_check(self, b: Backend, epoch: int, n: int) -> None:
+        """An event of a request that was running when a weight update began: held back while that
+        update's weight check runs; a failure if a check failed since the request was sent (its tokens
+        may come from the rejected weights; engine/remote/verify.py)."""
+        window = self.weights.window
+        if window is not None and epoch < window.epoch:
+            await window.verdict()
+        if epoch < self.weights.rejected_epoch:
+            raise EngineError(f"{self.kind} backend {b.url}: the request was running while weights that failed their "
+                              f"check were served; its tokens after the first {n} may come from them", status=503,
+                              code="backend_stale")
+
     def _version_of(self, b: Backend, label: str | None, start_version: int) -> int:
         if label is None or not b.labels:
             return self.pool.version
@@ -528,12 +558,14 @@ def _continuation(request: GenerateRequest, produced: list[int], attempt: int) -
     """The request that continues ``request`` after ``produced`` tokens: prompt + prefix, the tokens left."""
     sampling = dataclasses.replace(request.sampling, max_new_tokens=request.sampling.max_new_tokens - len(produced))
     rid = f"{request.request_id}-resume{attempt}" if request.request_id else ""
-    return GenerateRequest(list(request.input_ids) + produced, sampling, request_id=rid, session_id=request.session_id)
+    return GenerateRequest(list(request.input_ids) + produced, sampling, request_id=rid, session_id=request.session_id,
+                           adapter=request.adapter)
 
 
 if TYPE_CHECKING:  # mypy checks that RemoteEngine has these capabilities (engine/capabilities.py)
     from rlgate.engine.base import Engine
-    from rlgate.engine.capabilities import DescribesBackends, Pausable, VersionRestorable
+    from rlgate.engine.capabilities import ChecksWeights, DescribesBackends, Pausable, ServesAdapters, VersionRestorable
 
-    def _capabilities(engine: RemoteEngine) -> tuple[Engine, Pausable, VersionRestorable, DescribesBackends]:
-        return engine, engine, engine, engine
+    def _capabilities(engine: RemoteEngine) -> tuple[Engine, Pausable, VersionRestorable, DescribesBackends,
+                                                     ChecksWeights, ServesAdapters]:
+        return engine, engine, engine, engine, engine, engine

@@ -12,6 +12,7 @@ from rlgate.engine.base import EngineError, WeightUpdateError
 __all__ = [
     "MAX_ERROR_BODY",
     "BackendAborted",
+    "BackendFailed",
     "BackendRejected",
     "BackendUnreachable",
     "LoadRefused",
@@ -50,11 +51,16 @@ class BackendUnreachable(EngineError):
     """No connection to the backend could be made (nothing was sent)."""
 
 
-class LoadRefused(WeightUpdateError):
-    """The backend refused a checkpoint and still serves its previous weights."""
+class BackendFailed(WeightUpdateError):
+    """A backend failed a step of a weight update (HTTP 502, code ``backend_error``): the server's
+    fault or the connection's, not the request's."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, status=502)
+        super().__init__(message, status=502, code="backend_error")
+
+
+class LoadRefused(BackendFailed):
+    """The backend refused a checkpoint and still serves its previous weights."""
 
 
 def error_text(resp: httpx.Response) -> str:

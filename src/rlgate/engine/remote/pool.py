@@ -97,7 +97,13 @@ class BackendPool:
             kw["params"] = params
         if timeout is not None:
             kw["timeout"] = httpx.Timeout(timeout, connect=self.timeout.connect)
-        return await self.client(b).request(method, path, **kw)
+        try:
+            return await self.client(b).request(method, path, **kw)
+        except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
+            # A keep-alive connection the server closed as we sent on it (vLLM closes it after a 500 from
+            # a failed collective_rpc): sent once more on a fresh one. Every control call rlgate makes is
+            # idempotent (info, pause, resume, reload from a path, cache reset, the probe).
+            return await self.client(b).request(method, path, **kw)
 
     async def get_json(self, b: Backend, path: str, *, timeout: float | None = None) -> Any:
         r = await self.call(b, "GET", path, timeout=timeout)

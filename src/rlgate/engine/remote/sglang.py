@@ -47,10 +47,18 @@ from typing import Any
 
 import httpx
 
-from rlgate.engine.base import FinishReason, GenerateRequest, WeightUpdateError
+from rlgate.engine.base import FinishReason, GenerateRequest
 from rlgate.engine.remote.backend import Backend
 from rlgate.engine.remote.engine import PROBE_TIMEOUT, RemoteEngine
-from rlgate.engine.remote.errors import BackendAborted, BackendRejected, LoadRefused, MalformedResponse, error_message, error_text
+from rlgate.engine.remote.errors import (
+    BackendAborted,
+    BackendFailed,
+    BackendRejected,
+    LoadRefused,
+    MalformedResponse,
+    error_message,
+    error_text,
+)
 from rlgate.engine.remote.options import RemoteOptions, SGLangPauseMode
 from rlgate.engine.remote.wire import Chunk, StreamState, as_float, as_int_list
 
@@ -135,7 +143,19 @@ class SGLangEngine(RemoteEngine):
         }
         if request.request_id:
             body["rid"] = request.request_id
+        if request.adapter is not None:  # a LoRA adapter, by the name it was loaded as (engine/remote/adapters.py)
+            body["lora_path"] = request.adapter
         return body
+
+    # ------------------------------------------------------------------ LoRA adapters (engine/remote/adapters.py)
+
+    async def load_lora(self, b: Backend, name: str, path: str, replace: bool) -> None:
+        if replace:  # SGLang loads no adapter in place: unload, then load the new weights under the name
+            await self.unload_lora(b, name)
+        await self.lora_call(b, "/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+    async def unload_lora(self, b: Backend, name: str) -> None:
+        await self.lora_call(b, "/unload_lora_adapter", {"lora_name": name}, missing_ok=True)
 
     def parse_event(self, st: StreamState, obj: Any) -> Chunk | None:
         if not isinstance(obj, dict):
@@ -216,13 +236,34 @@ class SGLangEngine(RemoteEngine):
         if success is False:  # SGLang keeps (or restores) its previous weights
             raise LoadRefused(f"{b.url} refused {path}: {message}")
         if r.status_code != 200 or success is not True:
-            raise WeightUpdateError(f"{b.url}: /update_weights_from_disk -> HTTP {r.status_code}: {message}",
-                                    status=502)
+            raise BackendFailed(f"{b.url}: /update_weights_from_disk -> HTTP {r.status_code}: {message}")
         now = await self.current_label(b)
         if now != label:
-            raise WeightUpdateError(f"{b.url} loaded {path} but reports weight_version {now!r}, not {label!r}",
-                                    status=502)
+            raise BackendFailed(f"{b.url} loaded {path} but reports weight_version {now!r}, not {label!r}")
         b.label = label
+
+    async def score_backend(self, b: Backend, input_ids: list[int]) -> list[float]:
+        """``input_token_logprobs`` of a one-token greedy generation from ``logprob_start_len`` 0: SGLang's
+        teacher-forced ``log_softmax(logits)`` of every input token after the first."""
+        body = {"input_ids": input_ids, "return_logprob": True, "logprob_start_len": 0, "stream": False,
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+        r = await self.pool.call(b, "POST", "/generate", json_body=body, timeout=self.update_timeout)
+        if r.status_code != 200:
+            raise BackendRejected(f"/generate (input logprobs) -> HTTP {r.status_code}: {error_text(r)}",
+                                  r.status_code)
+        try:
+            entries = r.json()["meta_info"]["input_token_logprobs"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MalformedResponse(f"no meta_info.input_token_logprobs in the answer: {r.text[:200]}") from exc
+        if not isinstance(entries, list) or len(entries) != len(input_ids):
+            raise MalformedResponse(f"input_token_logprobs has {len(entries) if isinstance(entries, list) else 'no'} "
+                                    f"entries for {len(input_ids)} input tokens")
+        out: list[float] = []
+        for tok, entry in zip(input_ids[1:], entries[1:], strict=True):
+            if not isinstance(entry, list | tuple) or len(entry) < 2 or entry[1] != tok:
+                raise MalformedResponse(f"an input_token_logprobs entry does not name input token {tok}: {entry!r}")
+            out.append(as_float(entry[0], "an input token logprob"))
+        return out
 
 
 def _finish(value: Any) -> FinishReason | None:

@@ -30,9 +30,16 @@ Weights (``VLLM_SERVER_DEV_MODE=1`` is required for these routes): ``POST /pause
 (requests in flight are aborted, ``finish_reason: "abort"``, and new ones wait; the engine
 resumes each aborted request from the tokens it already has once generation continues, see
 ``engine.py``; ``mode=wait`` lets them finish first, ``mode=keep`` freezes them),
-``POST /collective_rpc {"method": "update_config", "args": [{"model_config":
-{"model": path}}]}`` then ``{"method": "reload_weights"}`` (the workers reload the model
-from ``path``), ``POST /reset_prefix_cache`` (no stale KV is reused), ``POST /resume``.
+``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": path}}`` (the
+workers reload the weights in place from ``path``: vLLM 0.32's ``reload_weights``; a server
+whose ``reload_weights`` has no ``weights_path`` gets the older ``update_config`` with
+``{"model_config": {"model": path}}`` then ``reload_weights``; vLLM 0.32.0's ``update_config``
+itself fails, ``Field '_hf_config_revision' not found in ModelConfig``),
+``POST /reset_prefix_cache`` (no stale KV is reused), ``POST /resume``, then the weight check
+(``prompt_logprobs`` of the checkpoint's probe, engine/weight_check.py; the gateway admits no new
+request until it passed). A LoRA adapter directory (``adapter_config.json``) goes through the
+runtime LoRA API instead (``POST /v1/load_lora_adapter``; servers started with ``--enable-lora``
+and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``): requests name the adapter from then on.
 vLLM responses carry no weight version: with ``abort`` and ``wait`` no request runs across a
 weight change, so every token is tagged with the version current when its request was sent
 (exact); with ``keep`` tokens are tagged when they arrive (a token produced just before the
@@ -41,15 +48,25 @@ pause but read after the update gets the new version).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from rlgate.engine.base import FinishReason, GenerateRequest, WeightUpdateError
+from rlgate.engine.base import FinishReason, GenerateRequest
 from rlgate.engine.remote.backend import Backend
 from rlgate.engine.remote.engine import PROBE_TIMEOUT, RemoteEngine
-from rlgate.engine.remote.errors import BackendAborted, BackendRejected, LoadRefused, MalformedResponse, error_message, error_text
+from rlgate.engine.remote.errors import (
+    BackendAborted,
+    BackendFailed,
+    BackendRejected,
+    LoadRefused,
+    MalformedResponse,
+    error_message,
+    error_text,
+)
 from rlgate.engine.remote.options import RemoteOptions, VLLMLogprobsMode, VLLMPauseMode
 from rlgate.engine.remote.wire import Chunk, StreamState, as_float, as_int_list
 
@@ -85,9 +102,11 @@ class VLLMEngine(RemoteEngine):
         data = models.get("data") if isinstance(models, dict) else None
         if not isinstance(data, list) or not data or not isinstance(data[0], dict):
             raise MalformedResponse(f"/v1/models lists no model: {str(models)[:200]}")
-        card = data[0]
+        card = data[0]  # the base model (LoRA adapters follow it)
         if isinstance(card.get("id"), str):
-            b.info["model"] = card["id"]
+            b.info["base_model"] = card["id"]
+            if "adapter" not in b.info:  # with an adapter pushed, requests name it (set by load_weights)
+                b.info["model"] = card["id"]
         root = card.get("root")
         b.model_path = root if isinstance(root, str) and root else b.model_path
         mml = card.get("max_model_len")
@@ -132,7 +151,9 @@ class VLLMEngine(RemoteEngine):
             "n": 1,
             "echo": False,
         }
-        if "model" in b.info:
+        if request.adapter is not None:  # a LoRA adapter is named as a model (engine/remote/adapters.py)
+            body = {"model": request.adapter, **body}
+        elif "model" in b.info:
             body = {"model": b.info["model"], **body}
         if s.seed is not None:
             body["seed"] = s.seed % (2**63)
@@ -196,29 +217,125 @@ class VLLMEngine(RemoteEngine):
         if r.status_code not in (200, 404):
             raise BackendRejected(f"/resume -> HTTP {r.status_code}: {error_text(r)}", r.status_code)
 
-    async def _rpc(self, b: Backend, method: str, args: list[Any] | None = None) -> httpx.Response:
+    async def _rpc(self, b: Backend, method: str, *, args: list[Any] | None = None,
+                   kwargs: dict[str, Any] | None = None) -> httpx.Response:
         body: dict[str, Any] = {"method": method, "timeout": self.update_timeout}
         if args:
             body["args"] = args
+        if kwargs:
+            body["kwargs"] = kwargs
         return await self.pool.call(b, "POST", "/collective_rpc", json_body=body, timeout=self.update_timeout + 30)
 
     async def load_weights(self, b: Backend, path: str, label: str) -> None:
-        r = await self._rpc(b, "update_config", [{"model_config": {"model": path}}])
+        if await asyncio.to_thread(_is_adapter, path):
+            await self._load_adapter(b, path, label)
+            return
+        r = await self._rpc(b, "reload_weights", kwargs={"weights_path": path})
         if r.status_code == 404:
             raise LoadRefused(f"{b.url} has no /collective_rpc: start vLLM with VLLM_SERVER_DEV_MODE=1 to let "
                               "rlgate reload weights")
+        if r.status_code != 200 and "weights_path" in error_text(r) and "unexpected keyword" in error_text(r):
+            await self._load_by_config(b, path)  # a vLLM whose reload_weights reads only the model config
+        elif r.status_code != 200:
+            raise BackendFailed(f"{b.url}: reload_weights from {path} failed on the server: HTTP {r.status_code}: "
+                                f"{error_text(r)}")
+        await self._reset_prefix_cache(b)
+        b.info["checkpoint"] = path
+        await self._drop_adapter(b)  # full weights: requests name the base model again
+
+    async def _reset_prefix_cache(self, b: Backend) -> None:
+        r = await self.pool.call(b, "POST", "/reset_prefix_cache", timeout=self.update_timeout)
+        if r.status_code not in (200, 404):
+            raise BackendFailed(f"{b.url}: /reset_prefix_cache -> HTTP {r.status_code}: {error_text(r)}")
+
+    async def _load_adapter(self, b: Backend, path: str, label: str) -> None:
+        """A LoRA adapter directory (``adapter_config.json``): vLLM's runtime LoRA API loads it under a new
+        name and the engine's requests name it from now on (the base weights stay as they are)."""
+        name = f"rlgate-{label}"
+        r = await self.pool.call(b, "POST", "/v1/load_lora_adapter", json_body={"lora_name": name, "lora_path": path},
+                                 timeout=self.update_timeout)
+        if r.status_code in (404, 405):
+            raise LoadRefused(f"{b.url} has no /v1/load_lora_adapter: start vLLM with --enable-lora (and a "
+                              "--max-lora-rank of at least the adapter's) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
+                              "to let rlgate push LoRA adapters")
         if r.status_code != 200:
-            raise LoadRefused(f"{b.url} refused the new checkpoint path {path}: HTTP {r.status_code}: "
+            raise BackendFailed(f"{b.url}: /v1/load_lora_adapter {path} failed on the server: HTTP {r.status_code}: "
+                                f"{error_text(r)}")
+        await self._reset_prefix_cache(b)
+        previous = b.info.get("adapter")
+        b.info.update(model=name, adapter=name, checkpoint=path)
+        if previous is not None and previous != name:
+            await self._unload_adapter(b, previous)
+
+    async def _drop_adapter(self, b: Backend) -> None:
+        previous = b.info.pop("adapter", None)
+        if "base_model" in b.info:
+            b.info["model"] = b.info["base_model"]
+        if previous is not None:
+            await self._unload_adapter(b, previous)
+
+    async def _unload_adapter(self, b: Backend, name: str) -> None:
+        """Best effort: an adapter left loaded costs memory, not correctness (no request names it)."""
+        try:
+            r = await self.pool.call(b, "POST", "/v1/unload_lora_adapter", json_body={"lora_name": name},
+                                     timeout=self.update_timeout)
+            if r.status_code != 200:
+                log.warning("backend %s: could not unload the LoRA adapter %s: HTTP %d %s", b.url, name,
+                            r.status_code, error_text(r))
+        except httpx.HTTPError as exc:
+            log.warning("backend %s: could not unload the LoRA adapter %s: %s", b.url, name, exc)
+
+    async def _load_by_config(self, b: Backend, path: str) -> None:
+        """Older vLLM: point the model config at ``path``, then reload from it."""
+        r = await self._rpc(b, "update_config", args=[{"model_config": {"model": path}}])
+        if r.status_code != 200:
+            raise LoadRefused(f"{b.url} refused the new checkpoint path (update_config): HTTP {r.status_code}: "
                               f"{error_text(r)}")
         r = await self._rpc(b, "reload_weights")
         if r.status_code != 200:
-            raise WeightUpdateError(f"{b.url}: reload_weights from {path} failed: HTTP {r.status_code}: "
-                                    f"{error_text(r)}", status=502)
-        r = await self.pool.call(b, "POST", "/reset_prefix_cache", timeout=self.update_timeout)
-        if r.status_code not in (200, 404):
-            raise WeightUpdateError(f"{b.url}: /reset_prefix_cache -> HTTP {r.status_code}: {error_text(r)}",
-                                    status=502)
-        b.info["checkpoint"] = path
+            raise BackendFailed(f"{b.url}: reload_weights from {path} failed on the server: HTTP {r.status_code}: "
+                                f"{error_text(r)}")
+
+    async def score_backend(self, b: Backend, input_ids: list[int]) -> list[float]:
+        """``prompt_logprobs`` of a one-token completion: vLLM's teacher-forced ``log_softmax(logits)`` of
+        every prompt token after the first (prompt tokens skip the sampler, whatever ``--logprobs-mode``)."""
+        body: dict[str, Any] = {"prompt": input_ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0,
+                                "stream": False}
+        if "model" in b.info:
+            body["model"] = b.info["model"]
+        r = await self.pool.call(b, "POST", "/v1/completions", json_body=body, timeout=self.update_timeout)
+        if r.status_code != 200:
+            raise BackendRejected(f"/v1/completions (prompt_logprobs) -> HTTP {r.status_code}: {error_text(r)}",
+                                  r.status_code)
+        try:
+            entries = r.json()["choices"][0]["prompt_logprobs"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise MalformedResponse(f"no choices[0].prompt_logprobs in the answer: {r.text[:200]}") from exc
+        if not isinstance(entries, list) or len(entries) != len(input_ids):
+            raise MalformedResponse(f"prompt_logprobs has {len(entries) if isinstance(entries, list) else 'no'} "
+                                    f"entries for {len(input_ids)} prompt tokens")
+        out: list[float] = []
+        for tok, entry in zip(input_ids[1:], entries[1:], strict=True):
+            value = entry.get(str(tok)) if isinstance(entry, dict) else None
+            if not isinstance(value, dict):
+                raise MalformedResponse(f"prompt_logprobs has no entry for prompt token {tok}: {str(entry)[:200]}")
+            out.append(as_float(value.get("logprob"), "a prompt logprob"))
+        return out
+
+    # ------------------------------------------------------------------ LoRA adapters (engine/remote/adapters.py)
+
+    async def load_lora(self, b: Backend, name: str, path: str, replace: bool) -> None:
+        body: dict[str, Any] = {"lora_name": name, "lora_path": path}
+        if replace:
+            body["load_inplace"] = True
+        await self.lora_call(b, "/v1/load_lora_adapter", body)
+
+    async def unload_lora(self, b: Backend, name: str) -> None:
+        await self.lora_call(b, "/v1/unload_lora_adapter", {"lora_name": name}, missing_ok=True)
+
+
+def _is_adapter(path: str) -> bool:
+    return (Path(path) / "adapter_config.json").is_file()
 
 
 def _finish(value: Any) -> FinishReason | None:

@@ -84,7 +84,9 @@ class GroupCommit:
         # (seqs waited for, the largest of them, the waiter's loop, its future)
         self._waiters: list[tuple[frozenset[int], int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self.closed = False
-        self.stats = {"commits": 0, "writes": 0, "failed_writes": 0, "fsyncs": 0, "checkpoints": 0}
+        self.truncation_lock_s = 0.0  # how long the last WAL truncation held the write connection
+        self.stats = {"commits": 0, "writes": 0, "failed_writes": 0, "fsyncs": 0, "checkpoints": 0,
+                      "truncations": 0}
         self._syncer = threading.Thread(target=self._sync_forever, name="rlgate-store-sync", daemon=True)
         self._syncer.start()
 
@@ -229,6 +231,51 @@ class GroupCommit:
                 if left is not None and left <= 0:
                     raise StoreError(f"store flush timed out with {target - self._durable} commits not yet synced")
                 self._state.wait(left)
+
+    def truncate_wal(self, attempts: int = 100) -> None:
+        """Checkpoint every WAL frame into the database file and truncate the WAL to 0 bytes (blocking: a
+        deletion calls it on a thread once its writes are durable, so that the old page versions the WAL
+        still holds - the deleted rows' text - are gone from disk before its answer). Runs on the write
+        connection under its lock: an event-loop commit meanwhile waits for it (the WAL holds at most about
+        a second of writes: the sync thread checkpoints every second). The emptied WAL is fsynced too."""
+        self.commit_pending()
+        # first the bulk of the work (copying frames, syncing the database) without the write connection's lock
+        side = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        try:
+            side.execute("PRAGMA busy_timeout=1000")
+            side.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error:  # the truncation below does it all anyway
+            pass
+        finally:
+            side.close()
+        for _ in range(attempts):
+            with self.db_lock:
+                locked = time.perf_counter()
+                self.conn.execute("PRAGMA busy_timeout=20")  # never wait long with the lock held
+                try:
+                    busy, _, _ = self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                except sqlite3.OperationalError:  # "database is locked": the sync thread's checkpoint runs
+                    busy = 1
+                finally:
+                    self.conn.execute("PRAGMA busy_timeout=5000")
+                    self.truncation_lock_s = time.perf_counter() - locked
+            if not busy:
+                self._fsync_wal_file()
+                self.stats["truncations"] += 1
+                return
+            time.sleep(0.01)  # the sync thread's own checkpoint holds the checkpoint lock: retry
+        raise StoreError("the WAL could not be checkpointed and truncated (the database stayed busy)")
+
+    def _fsync_wal_file(self) -> None:
+        wal = self.path.with_name(self.path.name + "-wal")
+        try:
+            fd = os.open(wal, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         """Flush, stop the sync thread, fail the waiters left, checkpoint and close the connection."""

@@ -85,9 +85,23 @@ class SQLiteOnlineRecords:
         where, params = _where(tenant, conversation_id, interaction_id)
         return int(self._read(f"SELECT COUNT(*) FROM feedback WHERE {where}", params)[0][0])
 
-    def delete_feedback(self, *, tenant: str, conversation_id: str | None = None) -> int:
-        where, params = _where(tenant, conversation_id, None)
-        return self._commits.submit([(f"DELETE FROM feedback WHERE {where}", params)])
+    def delete_feedback(self, *, tenant: str, conversation_id: str | None = None, pairs: Sequence[str] = (),
+                        interaction_ids: Sequence[str] = ()) -> int:
+        if conversation_id is None and not pairs and not interaction_ids:
+            return self._commits.submit([("DELETE FROM feedback WHERE tenant=?", (tenant,))])
+        terms: list[str] = []
+        params: list[Any] = [tenant]
+        if conversation_id is not None:
+            terms.append("conversation_id=?")
+            params.append(conversation_id)
+        if pairs:
+            terms.append(f"json_extract(metadata, '$.pair') IN ({', '.join('?' * len(pairs))})")
+            params += list(pairs)
+        if interaction_ids:
+            terms.append(f"interaction_id IN ({', '.join('?' * len(interaction_ids))})")
+            params += list(interaction_ids)
+        return self._commits.submit([(f"DELETE FROM feedback WHERE tenant=? AND ({' OR '.join(terms)})",
+                                      tuple(params))])
 
     def purge_feedback(self, before: float) -> int:
         return self._commits.submit([("DELETE FROM feedback WHERE created_at < ?", (before,))])
@@ -102,3 +116,6 @@ class SQLiteOnlineRecords:
         marks = ", ".join("?" * len(ids))
         return self._commits.submit([(f"DELETE FROM interactions WHERE session_id=? AND id IN ({marks})",
                                       (session_id, *ids))])
+
+    def forget_deleted(self) -> None:
+        self._commits.truncate_wal()

@@ -70,7 +70,7 @@ class RowCodec:
     def session(self, session: Session) -> Statement:
         row = (key_text(session.id, "session id"), key_text(session.task_id, "task_id"), session.key_hash,
                session.mode, session.status, session.created_at, session.last_active, session.ended_at,
-               session.exported_at, to_json(session.metadata))
+               session.exported_at, to_json(session.metadata), session.policy)
         return UPSERT_SESSION, row
 
     def interaction(self, i: Interaction) -> Statement:
@@ -145,7 +145,8 @@ class RowCodec:
         return (i.id, self._seq, key_text(i.session_id, "session id"), i.api, i.parent_id, i.relation,
                 i.fork_reason, i.context_key, base.id if base is not None else None, prompt_base_len,
                 encode_ints(i.prompt_ids[prompt_base_len:]), messages_skip, messages_json(i.messages[messages_skip:]),
-                tools, to_json(i.sampling), int(i.client_store), i.created_at)
+                tools, to_json(i.sampling), int(i.client_store), i.created_at, i.policy,
+                to_json(i.template_dropped) if i.template_dropped else None)
 
     # ------------------------------------------------------------------ decode
 
@@ -157,7 +158,8 @@ class RowCodec:
             r = dict(zip(SESSION_COLS, row, strict=True))
             s = Session(id=r["id"], task_id=r["task_id"], key_hash=r["key_hash"], mode=r["mode"],
                         status=r["status"], created_at=r["created_at"], last_active=r["last_active"],
-                        ended_at=r["ended_at"], exported_at=r["exported_at"], metadata=json.loads(r["metadata"]))
+                        ended_at=r["ended_at"], exported_at=r["exported_at"], metadata=json.loads(r["metadata"]),
+                        policy=r["policy"])
             sessions[s.id] = s
         decoded: dict[str, Interaction] = {}
         all_rows = [dict(zip(STATIC_COLS + DYNAMIC_COLS, row, strict=True)) for row in interaction_rows]
@@ -211,5 +213,6 @@ class RowCodec:
             output_versions=decode_ints(r["output_versions"]), finish_reason=r["finish_reason"],
             stop_kind=r["stop_kind"], output_message=out_msg, reward=r["reward"], status=r["status"],
             error=r["error"], created_at=r["created_at"], completed_at=r["completed_at"],
-            sampling=json.loads(r["sampling"]), client_store=bool(r["client_store"]),
+            sampling=json.loads(r["sampling"]), client_store=bool(r["client_store"]), policy=r["policy"],
+            template_dropped=json.loads(r["template_dropped"]) if r["template_dropped"] else [],
         )

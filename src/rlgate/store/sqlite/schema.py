@@ -19,7 +19,8 @@ __all__ = [
     "init_db",
 ]
 
-SCHEMA_VERSION = 3  # 2: interactions.client_store; 3: tenants, feedback (rlgate serve --online)
+SCHEMA_VERSION = 5  # 2: interactions.client_store; 3: tenants, feedback (rlgate serve --online); 4: policy;
+# 5: interactions.template_dropped
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -36,7 +37,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     last_active REAL NOT NULL,
     ended_at    REAL,
     exported_at REAL,                    -- retained for audit after export (--retain-exported)
-    metadata    TEXT NOT NULL            -- JSON object
+    metadata    TEXT NOT NULL,           -- JSON object
+    policy      TEXT                     -- the policy it is bound to (NULL: unbound)
 );
 CREATE TABLE IF NOT EXISTS interactions (
     id              TEXT PRIMARY KEY,    -- API response id (chatcmpl-..., resp_..., msg_...)
@@ -66,7 +68,9 @@ CREATE TABLE IF NOT EXISTS interactions (
     reward          REAL,
     error           TEXT,
     created_at      REAL NOT NULL,
-    completed_at    REAL
+    completed_at    REAL,
+    policy          TEXT,                -- the policy that served it (NULL: recorded before policies)
+    template_dropped TEXT                -- JSON list of what the chat template left out (NULL: nothing / before 5)
 );
 CREATE INDEX IF NOT EXISTS interactions_by_session ON interactions (session_id);
 CREATE TABLE IF NOT EXISTS tenants (     -- rlgate serve --online (store/sqlite/online.py)
@@ -94,10 +98,10 @@ CREATE INDEX IF NOT EXISTS feedback_by_time ON feedback (created_at);
 """
 
 SESSION_COLS = ("id", "task_id", "key_hash", "mode", "status", "created_at", "last_active", "ended_at",
-                 "exported_at", "metadata")
+                 "exported_at", "metadata", "policy")
 STATIC_COLS = ("id", "seq", "session_id", "api", "parent_id", "relation", "fork_reason", "context_key", "base_id",
                 "prompt_base_len", "prompt_ids", "messages_skip", "messages", "tools", "sampling",
-                "client_store", "created_at")
+                "client_store", "created_at", "policy", "template_dropped")
 DYNAMIC_COLS = ("prefix_key", "status", "output_ids", "output_logprobs", "output_versions", "finish_reason",
                  "stop_kind", "output_message", "reward", "error", "completed_at")
 
@@ -132,4 +136,9 @@ def init_db(conn: sqlite3.Connection, path: Path) -> None:
     c.executescript(SCHEMA)
     if 0 < version < 2:  # a version-1 store: add the column (its rows were all stored)
         c.execute("ALTER TABLE interactions ADD COLUMN client_store INTEGER NOT NULL DEFAULT 1")
+    if 0 < version < 4:  # before policies: every session unbound, every turn of the default policy (NULL)
+        c.execute("ALTER TABLE sessions ADD COLUMN policy TEXT")
+        c.execute("ALTER TABLE interactions ADD COLUMN policy TEXT")
+    if 0 < version < 5:  # before the template drops were stored: restored turns show none
+        c.execute("ALTER TABLE interactions ADD COLUMN template_dropped TEXT")
     c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

@@ -7,7 +7,7 @@
 
   function applyFilters(form) {
     var f = new FormData(form);
-    var task = String(f.get("task") || "").toLowerCase();
+    var task = String(f.get("task") || "").toLowerCase(), policy = String(f.get("policy") || "");
     var rmin = parseFloat(f.get("rmin")), rmax = parseFloat(f.get("rmax"));
     var rel = String(f.get("relation") || ""), fail = String(f.get("failures") || "");
     var rows = doc.querySelectorAll("tr.srow"), shown = 0;
@@ -15,6 +15,7 @@
       var d = rows[i].dataset, ok = true, r = parseFloat(d.reward);
       var flags = d.flags ? d.flags.split(" ") : [];
       if (task && d.task.toLowerCase().indexOf(task) < 0) ok = false;
+      if (ok && policy && d.policy !== policy) ok = false;
       if (ok && !isNaN(rmin) && !(r >= rmin)) ok = false;
       if (ok && !isNaN(rmax) && !(r <= rmax)) ok = false;
       if (ok && rel && d.relations.split(" ").indexOf(rel) < 0) ok = false;
