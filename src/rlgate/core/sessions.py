@@ -19,15 +19,14 @@ import logging
 import re
 import secrets
 import time
-from collections import Counter as Tally
 from collections.abc import Callable
 from typing import Any
 
 from rlgate.config import GatewayConfig
-from rlgate.core.limits import image_size, images
 from rlgate.core.naming import DefaultNaming, SessionNaming
 from rlgate.core.rate_limit import RateLimiter
 from rlgate.core.request_scope import ScopedStore, after_response, on_durable, on_write_failure
+from rlgate.core.session_restore import load_sessions, log_restored
 from rlgate.errors import (
     AuthenticationFailed,
     Conflict,
@@ -41,22 +40,12 @@ from rlgate.metrics.gateway import GatewayMetrics
 from rlgate.store.base import Store
 from rlgate.trajectory.export import ExportStyle, export_samples
 from rlgate.trajectory.interaction import Interaction, Session, TrajectoryMode
-from rlgate.trajectory.tree import interaction_key, register_completed
+from rlgate.trajectory.tree import register_completed
 
 log = logging.getLogger("rlgate.sessions")
 
 MIN_KEY_LENGTH = 32
 NOTHING_TO_REWARD = "no_completed_interaction"  # error code: a reward for a session that made no LLM call
-
-
-def recorded_image_bytes(session: Session) -> int:
-    """Image bytes a session's interactions added (those not re-sent from their parent)."""
-    total = 0
-    for i in session.interactions.values():
-        parent = session.interactions.get(i.parent_id) if i.parent_id else None
-        skip = len(parent.messages) + 1 if parent is not None else 0
-        total += sum(image_size(p) for p in images(i.messages[skip:]))
-    return total
 
 
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")  # what a caller-chosen key may be made of
@@ -98,51 +87,16 @@ class SessionManager:
     # ------------------------------------------------------------------ restart
 
     def restore(self, conversation: Callable[[Session], bool] | None = None) -> None:
-        """Reload persisted sessions; sessions that were active become ``interrupted``.
-
-        Keys of ended and interrupted sessions keep mapping to them (generation answers
-        409 / 410 with the reason); keys of exported sessions stay retired (401).
-        ``conversation`` names the sessions that hold a user's conversation (``rlgate serve --online``):
-        one open at the stop is not an alarm (its next turn goes on in a new session) and the log
-        line says so instead of counting it "interrupted".
-        """
-        self.capacity = int(self.store.load_meta().get("capacity", 0))
-        cut = 0
-        for s in self.store.load():
-            if s.exported_at is not None and self.config.retain_exported <= 0:
-                self.store.delete_session(s.id)  # exported before the restart; no audit retention now
-                continue
-            if s.status == "active":
-                s.status = "interrupted"
-                s.ended_at = time.time()
-                self.metrics["sessions_interrupted"] += 1
-                self.store.save_session(s)
-                log.debug("session %s was active at shutdown: marked interrupted", s.id)
-            for i in s.interactions.values():
-                if i.status == "pending":
-                    i.status = "failed"
-                    i.error = "gateway stopped during generation"
-                    cut += 1
-                    self.store.save_interaction(i)
-                if i.completed:
-                    i.prefix_key = i.prefix_key or interaction_key(i)
-                    register_completed(s, i)
-            s.last_active = max([s.last_active] + [i.completed_at or i.created_at for i in s.interactions.values()])
-            s.image_bytes = recorded_image_bytes(s)
-            self.sessions[s.id] = s
-            if s.exported_at is None:  # later sessions (created_at order) win a reused key
-                self._by_key[s.key_hash] = s.id
-                self._finished[s.id] = None
-        self.gateway_metrics.record_restart(cut)
-        if self.sessions:
-            words = {"open": "conversations open at the stop (each goes on in a new session at its next turn)",
-                     "interrupted": "interrupted (active at the stop)"}
-            by_status = Tally("open" if s.status == "interrupted" and conversation and conversation(s) else s.status
-                              for s in self.sessions.values())
-            log.log(logging.WARNING if by_status["interrupted"] else logging.INFO,
-                    "restored %d sessions from the store (%s), %d interactions, capacity %d", len(self.sessions),
-                    ", ".join(f"{n} {words.get(k, k)}" for k, n in sorted(by_status.items())),
-                    sum(len(s.interactions) for s in self.sessions.values()), self.capacity)
+        """Reload persisted sessions (:func:`~rlgate.core.session_restore.load_sessions`): those active at
+        the stop become ``interrupted``; ``conversation`` names the online conversations (a calmer log line)."""
+        restored = load_sessions(self.store, self.config.retain_exported)
+        self.capacity = restored.capacity
+        self.metrics["sessions_interrupted"] += restored.interrupted
+        self.sessions.update(restored.sessions)
+        self._by_key.update(restored.by_key)
+        self._finished.update(dict.fromkeys(restored.finished))
+        self.gateway_metrics.record_restart(restored.cut)
+        log_restored(restored, conversation)
 
     # ------------------------------------------------------------------ capacity
 
