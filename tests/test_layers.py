@@ -143,3 +143,12 @@ def test_no_import_cycles():
         if m not in state:
             visit(m)
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+MAX_LINES = 600  # docs/architecture.md: a source file past this is split along a concept
+
+
+def test_no_source_file_is_over_the_line_limit():
+    long = {str(p.relative_to(SRC)): n for p in sorted(SRC.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"source files over {MAX_LINES} lines (split them along a concept): {long}"
