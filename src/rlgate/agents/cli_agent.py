@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import inspect
 import os
 import shutil
@@ -37,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rlgate.object_spec import load_object
 
 Verifier = Callable[[Path, "Transcript", dict[str, Any]], Any]
 Setup = Callable[[Path, dict[str, Any]], Any]
@@ -60,10 +61,7 @@ def resolve(spec: Any) -> Any:
     """A callable, or ``"package.module:attribute"`` naming one (importable in subprocess mode)."""
     if not isinstance(spec, str):
         return spec
-    module, _, attr = spec.partition(":")
-    if not attr:
-        raise ValueError(f"expected 'package.module:attribute', got {spec!r}")
-    return getattr(importlib.import_module(module), attr)
+    return load_object(spec, "setup / verifier")
 
 
 async def _call(fn: Any, *args: Any) -> Any:

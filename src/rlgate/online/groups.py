@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import inspect
 import logging
 import math
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rlgate.engine.base import Engine, GenerateRequest, GenerateResult, SamplingParams
+from rlgate.object_spec import load_object
 from rlgate.online.options import OnlineOptions
 from rlgate.trajectory.export import individual_sample
 from rlgate.trajectory.interaction import Interaction
@@ -58,10 +58,7 @@ class GroupScorer(Protocol):
 
 def load_scorer(path: str) -> GroupScorer:
     """The ``group_reward`` named by the operator's configuration (``package.module:attribute``)."""
-    module, sep, attr = path.partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"group_reward {path!r}: expected package.module:attribute")
-    obj = getattr(importlib.import_module(module), attr)
+    obj = load_object(path, "group_reward")
     if inspect.isclass(obj):
         obj = obj()
     return scorer_of(obj)

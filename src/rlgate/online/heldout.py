@@ -18,12 +18,12 @@ automatically before it has been scored.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from rlgate.engine.base import Engine, GenerateRequest, SamplingParams
+from rlgate.object_spec import load_object
 
 __all__ = ["HeldOutCheck", "heldout_score", "load_heldout"]
 
@@ -38,10 +38,7 @@ class HeldOutCheck(Protocol):
 
 def load_heldout(path: str) -> HeldOutCheck:
     """The check named by the operator's configuration (``package.module:attribute``)."""
-    module, sep, attr = path.partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"heldout_check {path!r}: expected package.module:attribute")
-    obj = getattr(importlib.import_module(module), attr)
+    obj = load_object(path, "heldout_check")
     if inspect.isclass(obj):
         obj = obj()
     if not isinstance(obj, HeldOutCheck) or not obj.prompts:

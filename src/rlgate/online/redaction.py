@@ -14,9 +14,10 @@ The gateway applies it to every sample of ``/export_trajectories`` and ``/rl/col
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
+
+from rlgate.object_spec import load_object
 
 __all__ = ["Redactor", "load_redactor"]
 
@@ -25,15 +26,7 @@ Redactor = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 def load_redactor(path: str) -> Redactor:
     """The callable at ``package.module:attribute``; ``ValueError`` says why it cannot be used."""
-    module, sep, attr = path.partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"--redaction-hook {path!r}: expected package.module:attribute")
-    try:
-        obj = importlib.import_module(module)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"--redaction-hook {path!r}: {exc}") from exc
+    obj = load_object(path, "--redaction-hook")
     if not callable(obj):
         raise ValueError(f"--redaction-hook {path!r} is not callable")
     hook: Redactor = obj

@@ -9,16 +9,13 @@ named in your config; nothing is ever imported because of an HTTP request.
 
 from __future__ import annotations
 
-import difflib
-import importlib
 import inspect
 import json
 import os
-import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
+from rlgate.object_spec import ObjectSpecError, exception_text, load_object
 from rlgate.rollout.agent import CONTRACT, validate_agent
 from rlgate.rollout.errors import RunError
 from rlgate.train.config import ConfigError, DatasetSource
@@ -34,29 +31,10 @@ class _FunctionAgent:
 
 def import_object(spec: str, key: str) -> Any:
     """``module:attr`` (``key`` names the config field in errors); the cwd is importable."""
-    module_name, _, attr = spec.partition(":")
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):  # the module itself (or its package) is missing
-            raise ConfigError(f"{key}: cannot import module {module_name!r}: no {exc.name}.py or package "
-                              f"{exc.name!r} in {cwd} or on sys.path (PYTHONPATH)") from None
-        raise ConfigError(f"{key}: importing {module_name!r} failed: {_tb(exc)}") from None
-    except Exception as exc:  # noqa: BLE001 - the user's module raised at import: show where
-        raise ConfigError(f"{key}: importing {module_name!r} failed: {_tb(exc)}") from None
-    if not hasattr(module, attr):
-        names = [n for n in dir(module) if not n.startswith("_")]
-        close = difflib.get_close_matches(attr, names, n=1)
-        hint = f"; did you mean {module_name}:{close[0]}?" if close else ""
-        raise ConfigError(f"{key}: module {module_name!r} ({getattr(module, '__file__', '?')}) has no {attr!r}{hint}")
-    return getattr(module, attr)
-
-
-def _tb(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)).rstrip()
+        return load_object(spec, key, cwd_importable=True)
+    except ObjectSpecError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load_agent(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
@@ -68,7 +46,7 @@ def load_agent(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
         except TypeError as exc:
             raise ConfigError(f"agent_kwargs: {spec}(**{kwargs or {}}) failed: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - the user's constructor raised
-            raise ConfigError(f"agent: building {spec} failed: {_tb(exc)}") from None
+            raise ConfigError(f"agent: building {spec} failed: {exception_text(exc)}") from None
     elif kwargs:
         raise ConfigError(f"agent_kwargs: {spec} is not a class, so agent_kwargs cannot be applied")
     elif inspect.isfunction(obj) or inspect.ismethod(obj):

@@ -25,7 +25,6 @@ whose lineage goes on from the turn that wrote the summary, see :func:`compactio
 from __future__ import annotations
 
 import ast
-import importlib
 import json
 import re
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlgate.chat.conversation import DigestChain, Message
+from rlgate.object_spec import load_object
 from rlgate.trajectory.interaction import Interaction, Session
 
 __all__ = ["MATCHERS", "CompactionMatcher", "HistoryMatcher", "Match", "SmolagentsMatcher", "best_match",
@@ -210,11 +210,10 @@ def load_matchers(names: list[str]) -> list[HistoryMatcher]:
         if name in MATCHERS:
             out.append(MATCHERS[name]())
             continue
-        module, _, attr = name.partition(":")
-        if not attr:
+        if ":" not in name:
             raise ValueError(f"unknown history matcher {name!r} (built in: {', '.join(MATCHERS)}; "
                              "or package.module:attribute)")
-        obj = getattr(importlib.import_module(module), attr)
+        obj = load_object(name, "--history-matcher")
         out.append(obj if hasattr(obj, "match") else obj())
     return out
 
