@@ -30,6 +30,19 @@ def test_logits_to_keep_starts_one_before_the_earliest_loss_token():
     assert logits_to_keep(torch.tensor([[0, 1, 1]], dtype=torch.bool)) == 3
 
 
+def assert_same_adamw_steps(wa: dict, wb: dict, *, lr: float, steps: int) -> None:
+    """Weights after the same AdamW steps computed two ways agree to float32 rounding, but for the few
+    whose gradient is near AdamW's eps (1e-8): their update, lr * g / (|g| + eps), turns on the gradient's
+    last bits (CI saw 1 of 65,536 and 7 of 271,104 elements differ by up to 0.2 lr). So: at most 0.1% of
+    each tensor's elements past the float32 tolerance, and none by more than half an update per step."""
+
+    for k in wa:
+        diff = (wb[k] - wa[k]).abs()
+        off = diff > 1e-5 + 1e-4 * wa[k].abs()
+        assert off.float().mean().item() <= 1e-3, (k, int(off.sum()), diff.numel())
+        assert diff.max().item() <= 0.5 * lr * steps, (k, diff.max().item())
+
+
 @pytest.mark.torch
 def test_a_step_with_trimmed_logits_is_the_step_with_all_of_them(tiny_model_dir):
     """Same loss, metrics and updated weights (to float32 rounding) with and without ``trim_logits``,
@@ -60,8 +73,7 @@ def test_a_step_with_trimmed_logits_is_the_step_with_all_of_them(tiny_model_dir)
         assert b1[key] == pytest.approx(a1[key], rel=1e-4, abs=1e-6), key
         assert b2[key] == pytest.approx(a2[key], rel=1e-4, abs=1e-6), key
     assert a2["stale_samples"] == b2["stale_samples"] == 6
-    for k in wa:
-        torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=1e-5)
+    assert_same_adamw_steps(wa, wb, lr=1e-3, steps=2)
 
 
 @pytest.mark.torch
@@ -179,8 +191,7 @@ def test_a_shared_prompt_runs_once_and_changes_no_number(tiny_model_dir, dtype):
         assert b1[key] == pytest.approx(a1[key], **tol), key
         assert b2[key] == pytest.approx(a2[key], **tol), key
     if dtype == "float32":
-        for k in wa:
-            torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=1e-5)
+        assert_same_adamw_steps(wa, wb, lr=1e-3, steps=2)
     else:  # bfloat16 compute: the updates agree in direction
         deltas = [(wa[k] - base.state_dict()[k]).flatten() for k in wa], [(wb[k] - base.state_dict()[k]).flatten()
                                                                            for k in wb]
