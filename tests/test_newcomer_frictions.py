@@ -143,3 +143,15 @@ def test_the_scripted_demo_serves_on_the_port_it_is_given(tmp_path):
                           str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"gateway on http://127.0.0.1:{port} " in out.stdout
+
+
+@pytest.mark.parametrize("args", [["--model", "tiny"], ["--task", "tools"], ["--device", "cuda"]])
+def test_demo_on_vllm_refuses_what_it_does_not_run_in_one_line(args, tmp_path):
+    """``rlgate demo --engine vllm`` runs the real model's math task on the CPU; anything else is refused
+    before a model, a gateway or a vLLM server starts."""
+    done = subprocess.run([sys.executable, "-m", "rlgate.cli", "demo", "--engine", "vllm", "--out", str(tmp_path),
+                           *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        "rlgate demo: --engine vllm runs the real model's math task on the CPU"), done.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing written

