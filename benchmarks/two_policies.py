@@ -144,8 +144,10 @@ def main(args: argparse.Namespace) -> int:
             if codes[t] != 0:
                 print((out / f"train-{t}.log").read_text()[-3000:])
                 return 1
-        after = {(p, t): asyncio.run(accuracy(url, key, p, heldout[t])) for p in (*TASKS, None) for t in TASKS}
         policies = httpx.get(url + "/rl/policies", headers={"Authorization": f"Bearer {key}"}).json()
+        # the base by its name: with several policies served, a session must be bound to one (else 404)
+        after = {(p, t): asyncio.run(accuracy(url, key, p or policies["default"], heldout[t]))
+                 for p in (*TASKS, None) for t in TASKS}
         errors = scrape_errors(url, key)
     finally:
         server.terminate()
