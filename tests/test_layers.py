@@ -1,9 +1,8 @@
 """The package layers: imports point downward only, and no module imports itself back.
 
 Each top-level part of ``rlgate`` has a rank; a module may import its own part and any part
-of a lower rank, never a part of the same or a higher rank. A key naming a module inside a part
-(``online.feedback``) gives that module (or subpackage) its own rank; the longest key that
-prefixes a module's name applies. Every import counts, including
+of a lower rank, never a part of the same or a higher rank; a part's modules all share its rank
+(no module inside a part gets a rank of its own). Every import counts, including
 imports inside functions and under ``TYPE_CHECKING``: a lazy import is still a dependency.
 The order (bottom to top) is the one docs/architecture.md draws.
 """
@@ -32,10 +31,7 @@ RANKS: dict[str, float] = {
     "store": 4,
     "metrics": 5,
     "core": 6,
-    # rlgate serve --online: the records a store keeps sit below the store; the rest between core and api
-    "online.feedback": 3.5,
-    "online.tenants": 3.5,
-    "online.reward_map": 3.6,
+    "records": 3.5,  # rlgate serve --online: the feedback and tenant records the store keeps
     "online": 6.5,
     "api": 7,
     "ui": 8,
@@ -66,12 +62,7 @@ def _module_name(path: Path) -> str:
 
 def _part(module: str) -> str:
     parts = module.split(".")
-    if len(parts) == 1:
-        return "__init__"
-    for n in range(len(parts) - 1, 1, -1):  # the longest key naming a module inside a part
-        if ".".join(parts[1:n + 1]) in RANKS:
-            return ".".join(parts[1:n + 1])
-    return parts[1]
+    return "__init__" if len(parts) == 1 else parts[1]
 
 
 def _imports(path: Path) -> set[str]:

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from rlgate.config import OnlineConfig
-from rlgate.online.feedback import FeedbackEvent, check_value
 from rlgate.online.reward_map import RewardMap, parse_weights
+from rlgate.records.feedback import FeedbackEvent, check_value
 from rlgate.store.base import MemoryStore
 from rlgate.store.sqlite import SQLiteStore
 

@@ -19,7 +19,7 @@ from starlette.requests import Request
 
 from rlgate.core.sessions import SessionManager
 from rlgate.errors import AuthenticationFailed, GatewayError, PermissionDenied
-from rlgate.online.tenants import Tenant, TenantKeys
+from rlgate.records.tenants import Tenant, TenantKeys
 from rlgate.surfaces import surface_for
 from rlgate.trajectory.interaction import Session
 

@@ -1,7 +1,7 @@
 """rlgate.online: serving real traffic and learning from it (``rlgate serve --online``; docs/online.md).
 
-Part 1 (serving): tenants and their keys (``tenants.py``), conversations recognised from a header or
-by token-exact parent matching (``conversations.py``), feedback of every kind (``feedback.py``,
+Part 1 (serving): tenants and their keys (``records/tenants.py``), conversations recognised from a header or
+by token-exact parent matching (``conversations.py``), feedback of every kind (``records/feedback.py``,
 ``implicit.py``), its reward (``reward_map.py``), data rights (``rights.py``, ``retention.py``,
 ``redaction.py``) and the state that binds them to one gateway (``service.py``). Part 2 (learning):
 live GRPO groups, the continuous trainer, the canary (``groups.py``, ``trainer.py``, ``canary.py``,
@@ -9,7 +9,7 @@ live GRPO groups, the continuous trainer, the canary (``groups.py``, ``trainer.p
 
 The contract between the two parts (kept stable; docs/online.md repeats it):
 
-* ``online/feedback.py``: the frozen dataclass :class:`~rlgate.online.feedback.FeedbackEvent`
+* ``records/feedback.py``: the frozen dataclass :class:`~rlgate.records.feedback.FeedbackEvent`
   (``id``, ``tenant``, ``conversation_id``, ``interaction_id`` - None for a conversation-level event -,
   ``kind`` "thumbs" | "rating" | "preference" | "comment" | "outcome" | "implicit", ``value``,
   ``source`` "explicit" | "implicit" | "delayed", ``created_at``, ``policy_version``, ``metadata``).
@@ -26,7 +26,6 @@ The contract between the two parts (kept stable; docs/online.md repeats it):
 * ``POST /v1/feedback`` (a tenant key or the admin key; JSON body validated by Pydantic; 4xx in
   the OpenAI error shape): ``api/online/``.
 
-Layers (``tests/test_layers.py``): ``feedback``, ``tenants`` and ``reward_map`` are records and pure
-functions the store persists (ranks 3.5-3.6, below ``store``); the rest of ``online`` sits between
-``core`` and ``api`` (6.5).
+Layers (``tests/test_layers.py``): the feedback and tenant records the store persists are
+``rlgate.records`` (rank 3.5, below ``store``); ``online`` sits between ``core`` and ``api`` (6.5).
 """

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from rlgate.core.request_scope import on_write_failure
 from rlgate.core.sessions import SessionManager
 from rlgate.errors import InvalidRequest
-from rlgate.online.tenants import Tenant
+from rlgate.records.tenants import Tenant
 from rlgate.trajectory.interaction import Interaction, Session
 
 __all__ = ["CONVERSATION_KEY", "TENANT_KEY", "Conversations", "conversation_id_from_headers"]

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from rlgate.metrics.feedback import FeedbackMetrics
 from rlgate.online.conversations import Conversations
-from rlgate.online.feedback import FeedbackEvent
 from rlgate.online.reward_map import RewardMap
 from rlgate.online.scoped import ScopedOnlineRecords
+from rlgate.records.feedback import FeedbackEvent
 
 __all__ = ["replay_feedback"]
 

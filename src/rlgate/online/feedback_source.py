@@ -31,9 +31,9 @@ from collections.abc import Callable
 from typing import Any
 
 from rlgate.online.canary import Canary
-from rlgate.online.feedback import FeedbackEvent
 from rlgate.online.reward_map import RewardMap
 from rlgate.online.trainer import OnlineTrainer
+from rlgate.records.feedback import FeedbackEvent
 from rlgate.trajectory.export import individual_sample
 from rlgate.trajectory.interaction import Interaction, Session
 from rlgate.trajectory.sample import Sample

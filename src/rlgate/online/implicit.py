@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlgate.online.conversations import CONVERSATION_KEY, Conversations, tenant_of
-from rlgate.online.feedback import FeedbackEvent, ImplicitSignal
+from rlgate.records.feedback import FeedbackEvent, ImplicitSignal
 from rlgate.trajectory.interaction import Interaction, Session
 
 __all__ = ["ImplicitSignals", "implicit_event_id", "version_of"]

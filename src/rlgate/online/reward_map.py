@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rlgate.config import OnlineConfig
-from rlgate.online.feedback import FEEDBACK_KINDS, IMPLICIT_SIGNALS, FeedbackEvent
+from rlgate.records.feedback import FEEDBACK_KINDS, IMPLICIT_SIGNALS, FeedbackEvent
 
 __all__ = ["DEFAULT_WEIGHTS", "WEIGHT_NAMES", "RewardMap", "parse_weights"]
 

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlgate.core.request_scope import current_scope
-from rlgate.online.feedback import FeedbackEvent, FeedbackPage
-from rlgate.online.tenants import Tenant
+from rlgate.records.feedback import FeedbackEvent, FeedbackPage
+from rlgate.records.tenants import Tenant
 from rlgate.store.online import OnlineRecords
 
 __all__ = ["ScopedOnlineRecords"]

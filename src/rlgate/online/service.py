@@ -22,13 +22,6 @@ from rlgate.errors import InvalidRequest, NotFound, PermissionDenied, RateLimite
 from rlgate.metrics.feedback import FeedbackMetrics
 from rlgate.online.conversations import Conversations, conversation_id_from_headers
 from rlgate.online.counters import replay_feedback
-from rlgate.online.feedback import (
-    FeedbackEvent,
-    FeedbackPage,
-    FeedbackSource,
-    check_value,
-    new_feedback_id,
-)
 from rlgate.online.implicit import ImplicitSignals, version_of
 from rlgate.online.quotas import TenantQuotas
 from rlgate.online.redaction import Redactor, load_redactor
@@ -36,7 +29,14 @@ from rlgate.online.retention import purge_expired
 from rlgate.online.reward_map import RewardMap
 from rlgate.online.rights import DataRights
 from rlgate.online.scoped import ScopedOnlineRecords
-from rlgate.online.tenants import Tenant, TenantKeys, check_name, hash_tenant_key, new_tenant_id, new_tenant_key
+from rlgate.records.feedback import (
+    FeedbackEvent,
+    FeedbackPage,
+    FeedbackSource,
+    check_value,
+    new_feedback_id,
+)
+from rlgate.records.tenants import Tenant, TenantKeys, check_name, hash_tenant_key, new_tenant_id, new_tenant_key
 from rlgate.store.online import OnlineRecords
 from rlgate.trajectory.interaction import Interaction, Session
 

@@ -29,7 +29,7 @@ from rlgate.api.auth import AUTHENTICATED_SESSION, AUTHENTICATED_TENANT, authent
 from rlgate.core.rate_limit import RateLimiter
 from rlgate.core.sessions import SessionManager
 from rlgate.errors import GatewayError
-from rlgate.online.tenants import TenantKeys
+from rlgate.records.tenants import TenantKeys
 from rlgate.server.asgi_errors import refuse_unread
 from rlgate.server.body_limit import BODY_METHODS
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from rlgate.online.feedback import FeedbackEvent, FeedbackPage
-from rlgate.online.tenants import Tenant
+from rlgate.records.feedback import FeedbackEvent, FeedbackPage
+from rlgate.records.tenants import Tenant
 
 __all__ = ["MemoryOnlineRecords", "OnlineRecords"]
 

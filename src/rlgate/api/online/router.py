@@ -26,7 +26,7 @@ from rlgate.api.auth import is_admin_request, tenant_from_request
 from rlgate.api.online.protocol import CreateTenantRequest, DeleteDataRequest, FeedbackRequest, RevokeTenantRequest
 from rlgate.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
 from rlgate.online.service import OnlineGateway
-from rlgate.online.tenants import Tenant
+from rlgate.records.tenants import Tenant
 
 router = APIRouter()
 

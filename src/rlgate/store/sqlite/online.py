@@ -13,8 +13,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from rlgate.online.feedback import FeedbackEvent, FeedbackPage
-from rlgate.online.tenants import Tenant
+from rlgate.records.feedback import FeedbackEvent, FeedbackPage
+from rlgate.records.tenants import Tenant
 from rlgate.store.sqlite.codec import to_json
 from rlgate.store.sqlite.commits import GroupCommit
 from rlgate.store.sqlite.rows import RowCodec
