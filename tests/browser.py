@@ -66,7 +66,7 @@ def artifacts_dir(tmp_path: Path) -> Path:
     return out
 
 
-def wait_for(driver: Any, js: str, timeout: float = 20.0) -> Any:
+def wait_for(driver: Any, js: str, timeout: float = 60.0) -> Any:
     """Wait until ``js`` (a script returning a value) returns something truthy; return it."""
     from selenium.webdriver.support.ui import WebDriverWait
 

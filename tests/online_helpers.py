@@ -87,14 +87,3 @@ def wired(tokenizer, stop_ids, *, stepper=None, publish=None, store=None, script
     app = create_app(GatewayConfig(admin_key=ADMIN_KEY), engines, store or MemoryStore(), tokenizer,
                      stop_token_ids=stop_ids, online=OnlineConfig(online=True, **(online or {})))
     return attach_online_training(app, training), training, stepper
-
-
-async def until(cond, what: str, timeout: float = 120.0) -> None:
-    """Wait for ``cond()`` (a guard against a hang, far above what a loaded machine needs)."""
-    import asyncio
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)

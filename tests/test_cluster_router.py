@@ -14,7 +14,7 @@ import pytest
 from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
-from helpers import ADMIN_KEY, admin_headers, key_headers
+from helpers import ADMIN_KEY, admin_headers, eventually, key_headers
 from rlgate.cluster.directory import ReplicaTable, StaticDirectory
 from rlgate.cluster.keys import (
     ReplicaNaming,
@@ -104,14 +104,12 @@ async def _start(c: httpx.AsyncClient, task: str = "t", **body) -> tuple[str, st
     return r.json()["session_id"], r.json()["api_key"]
 
 
-async def _until_state(c: httpx.AsyncClient, index: int, state: str, timeout: float = 30.0) -> dict:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
+async def _until_state(c: httpx.AsyncClient, index: int, state: str) -> None:
+    async def reached() -> bool:
         health = (await c.get("/health", headers=admin_headers())).json()
-        if health["replicas"][index]["state"] == state:
-            return health
-        assert asyncio.get_running_loop().time() < deadline, health
-        await asyncio.sleep(0.05)
+        return health["replicas"][index]["state"] == state
+
+    await eventually(reached, interval=0.05, what=f"replica {index} {state}")
 
 
 async def test_sessions_spread_and_stick_to_their_replica(deployment):

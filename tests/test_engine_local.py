@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from helpers import eventually
 from rlgate.engine import (
     Engine,
     EngineError,
@@ -45,15 +46,6 @@ def teacher_forced(
         logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
     logp = torch.log_softmax(logits / temperature, dim=-1)
     return logp.gather(1, torch.tensor(output)[:, None])[:, 0]
-
-
-async def wait_until(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.01)
-    return predicate()
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +270,7 @@ async def test_context_length_limit(tiny_model_dir: Path) -> None:
         with pytest.raises(EngineError) as err:
             await eng.generate(req(list(range(10, 42)), max_new_tokens=1))  # 32 prompt tokens
         assert err.value.status == 400 and err.value.code == "context_length_exceeded"
-        assert await wait_until(lambda: eng.num_active == 0)
+        await eventually(lambda: eng.num_active == 0, what='eng.num_active == 0')
     finally:
         await eng.close()
 
@@ -303,16 +295,14 @@ async def test_closing_the_stream_aborts_the_request(engine: LocalEngine) -> Non
         if got >= 3:
             break
     await stream.aclose()
-    assert await wait_until(lambda: engine.num_active == 0 and engine._batch is None)
-
+    await eventually(lambda: engine.num_active == 0 and engine._batch is None, what='the engine idle')
     # cancelling the consuming task aborts as well
     task = asyncio.create_task(engine.generate(req(PROMPTS[1], max_new_tokens=1000, seed=0)))
-    assert await wait_until(lambda: engine._batch is not None)
+    await eventually(lambda: engine._batch is not None, what='engine._batch is not None')
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await wait_until(lambda: engine.num_active == 0 and engine._batch is None)
-
+    await eventually(lambda: engine.num_active == 0 and engine._batch is None, what='the engine idle')
     res = await engine.generate(req(PROMPTS[0], max_new_tokens=4, seed=0))
     assert len(res.output_ids) == 4
 
@@ -389,7 +379,7 @@ async def test_pause_holds_tokens_and_an_update_mid_stream_recomputes_with_the_n
 
     tasks = [asyncio.create_task(consume(eng.stream(req(prompt, max_new_tokens=n, temperature=0)), got)),
              asyncio.create_task(consume(eng.stream(req(PROMPTS[0], max_new_tokens=n, temperature=0)), other))]
-    assert await wait_until(lambda: got and other)
+    await eventually(lambda: got and other, what='got and other')
     await eng.pause_generation()
     assert eng.paused
     await settle()
@@ -603,7 +593,7 @@ async def test_one_session_cannot_take_the_whole_batch(tiny_model_dir: Path) -> 
     try:
         await eng.start()
         hog = [asyncio.create_task(run(f"a{k}", "hog", 48)) for k in range(8)]
-        await wait_until(lambda: eng.num_active == 8)
+        await eventually(lambda: eng.num_active == 8, what='eng.num_active == 8')
         other = asyncio.create_task(run("b", "other", 4))
         await asyncio.gather(*hog, other)
     finally:
@@ -625,7 +615,7 @@ async def test_identical_prompts_arriving_together_are_prefilled_once(tiny_model
         before = eng.stats()
         await eng.pause_generation()  # the requests queue; they are admitted in one step on continue
         tasks = [asyncio.create_task(eng.generate(r)) for r in batch]
-        assert await wait_until(lambda: eng.stats()["waiting"] == len(batch))
+        await eventually(lambda: eng.stats()["waiting"] == len(batch), what='eng.stats()["waiting"] == len(batch)')
         await eng.continue_generation()
         results = list(await asyncio.gather(*tasks))
         after = eng.stats()

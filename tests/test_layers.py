@@ -22,6 +22,7 @@ RANKS: dict[str, float] = {
     "json_text": 0,
     "secret_files": 0,
     "object_spec": 0,
+    "supervised": 0,
     "checkpoints": 1,
     "surfaces": 1,
     "model": 1,

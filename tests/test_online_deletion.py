@@ -20,8 +20,8 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from helpers import ADMIN_KEY, admin_headers, free_port, wait_healthy
-from online_helpers import chat, new_tenant, online_app, reply_of, until, wired
+from helpers import ADMIN_KEY, admin_headers, eventually, free_port, wait_healthy
+from online_helpers import chat, new_tenant, online_app, reply_of, wired
 from rlgate.store.sqlite import SQLiteStore
 
 SECRET = "my passport number is X1234-ZZ-9876"
@@ -66,12 +66,12 @@ async def test_a_conversation_deleted_during_a_training_step_is_not_trained_on_a
             r = await c.post("/v1/feedback", json={"kind": "thumbs", "value": up, "interaction_id": turn},
                              headers=tenant)
             assert r.status_code == 200
-        await until(held.entered.is_set, "the step to start")
+        await eventually(held.entered.is_set, what="the step to start")
         assert held.calls == [[gone, keep]] and trainer.pending_samples == 0 and not trainer.replay
         r = await c.post("/v1/data/delete", json={"conversation_id": "gone"}, headers=tenant)
         assert r.status_code == 200
         held.release.set()
-        await until(lambda: trainer.counts["steps"] == 1, "the step to end")
+        await eventually(lambda: trainer.counts["steps"] == 1, what="the step to end")
         # the deleted turn left with the step: only the kept one may be replayed
         assert [s.id for u in trainer.replay for s in u.samples] == [keep]
         assert trainer.counts["dropped_deleted"] == 1
@@ -80,7 +80,7 @@ async def test_a_conversation_deleted_during_a_training_step_is_not_trained_on_a
         for turn in (k2, k3):
             await c.post("/v1/feedback", json={"kind": "thumbs", "value": True, "interaction_id": turn},
                          headers=tenant)
-        await until(lambda: trainer.counts["steps"] == 2, "the next step")
+        await eventually(lambda: trainer.counts["steps"] == 2, what="the next step")
         assert gone not in held.calls[1] and keep in held.calls[1]  # replayed: the kept turn only
 
 

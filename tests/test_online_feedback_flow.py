@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import random
 
-from helpers import admin_headers
-from online_helpers import chat, new_tenant, reply_of, until, wired
+from helpers import admin_headers, eventually
+from online_helpers import chat, new_tenant, reply_of, wired
 from rlgate.engine.base import GenerateRequest, SamplingParams
 from rlgate.engine.fake import FakeEngine
 from rlgate.online.canary import Canary
@@ -29,7 +29,7 @@ async def test_conversation_level_feedback_reaches_the_trainer_and_the_canary(to
         r = await c.post("/v1/feedback", json={"kind": "outcome", "value": 1.0, "conversation_id": "support-1",
                                                "source": "delayed"}, headers=tenant)
         assert r.status_code == 200 and r.json()["reward"] == 1.0
-        await until(lambda: trainer.pending_samples == 1, "the conversation's reward in the trainer")
+        await eventually(lambda: trainer.pending_samples == 1, what="the conversation's reward in the trainer")
         (unit,) = trainer.pending
         assert unit.samples[0].id == last and unit.samples[0].reward == 1.0 and unit.conversation == "support-1"
         assert canary.rewards[0].n == 1 and canary.rewards[0].total == 1.0  # credited to the version that served
@@ -38,7 +38,7 @@ async def test_conversation_level_feedback_reaches_the_trainer_and_the_canary(to
         r = await c.post("/v1/feedback", json={"kind": "thumbs", "value": False, "interaction_id": last},
                          headers=tenant)
         assert r.status_code == 200
-        await until(lambda: tail.counts["reward_changes"] == 1, "the changed reward")
+        await eventually(lambda: tail.counts["reward_changes"] == 1, what="the changed reward")
         assert trainer.pending[-1].samples[0].reward == 0.0 and first
 
 

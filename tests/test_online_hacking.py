@@ -7,8 +7,8 @@ from __future__ import annotations
 import itertools
 import random
 
-from helpers import admin_headers
-from online_helpers import new_tenant, until, wired
+from helpers import admin_headers, eventually
+from online_helpers import new_tenant, wired
 from rlgate.online.canary import Canary
 from rlgate.online.hacking import HackingGuards, flags_of
 from rlgate.online.options import OnlineOptions
@@ -115,8 +115,7 @@ async def test_a_hacking_candidate_is_held_then_rolled_back_on_a_real_gateway(to
             r = await c.post("/v1/feedback", json={"kind": "thumbs", "value": up, "interaction_id": body["id"]},
                              headers=tenant)
             assert r.status_code == 200
-        await until(lambda: training.feedback.counts["events"] >= start + n, "the tail to read the thumbs")
-
+        await eventually(lambda: training.feedback.counts["events"] >= start + n, what="the tail to read the thumbs")
     async def noop(engine) -> None:
         return None
 
@@ -182,7 +181,7 @@ async def test_a_candidate_whose_held_out_check_falls_is_held(tokenizer, stop_id
 
     async with asgi_client(app) as c, app.router.lifespan_context(app):
         assert await engines.load_candidate(engines.next_version(), noop)
-        await until(lambda: 1 in training.hacking.heldout, "the held-out check of the candidate")
+        await eventually(lambda: 1 in training.hacking.heldout, what="the held-out check of the candidate")
         assert training.hacking.heldout == {1: 0.0, 0: 1.0}
         assert ("online_heldout_drop", 1) in training.hacking.firing
         assert "held-out score 0.000 on version 1" in training.hacking.holding(1)

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from helpers import admin_headers
-from online_helpers import chat, new_tenant, until, wired
+from helpers import admin_headers, eventually
+from online_helpers import chat, new_tenant, wired
 from rlgate.online.groups import LiveGroups, scorer_of
 from rlgate.online.options import OnlineOptions
 from rlgate.online.trainer import OnlineTrainer
@@ -38,7 +38,7 @@ async def test_the_1e300_outcome_is_refused_and_nothing_reaches_the_trainer(toke
         assert "outcome-high" in r.json()["error"]["message"]
         r = await c.post("/v1/feedback", json={"kind": "outcome", "value": 0.5, "interaction_id": turn}, headers=tenant)
         assert r.status_code == 200 and r.json()["reward"] == 0.5
-        await until(lambda: training.trainer.counts["received_feedback_samples"] == 1, "the turn in the trainer")
+        await eventually(lambda: training.trainer.counts["received_feedback_samples"] == 1, what="the turn in the trainer")
         events = (await c.get("/v1/feedback", params={"conversation_id": "a"}, headers=tenant)).json()["data"]
         assert [e["value"] for e in events] == [0.5]  # the refused ones were never stored
 
@@ -54,7 +54,7 @@ async def test_the_outcome_range_is_the_operators(tokenizer, stop_ids, asgi_clie
         r = await c.post("/v1/feedback", json={"kind": "outcome", "value": 7, "interaction_id": turn}, headers=tenant)
         assert r.status_code == 200 and r.json()["reward"] == 7.0
         # the trainer and the canary take rewards clipped to [reward_low, reward_high] (default [-1, 1]), counted
-        await until(lambda: training.trainer.pending_samples == 1, "the turn in the trainer")
+        await eventually(lambda: training.trainer.pending_samples == 1, what="the turn in the trainer")
         assert training.trainer.pending[0].samples[0].reward == 1.0
         assert training.feedback.counts["rewards_clipped"] == 1 and training.canary.rewards[0].total == 1.0
     with pytest.raises(ValueError):
@@ -95,7 +95,7 @@ def test_a_judge_giving_nan_loses_its_group_and_big_scores_are_clipped(tokenizer
         groups = LiveGroups(OnlineOptions(group_fraction=1.0, group_size=3), FakeEngine(tokenizer, output_tokens=2),
                             judge, got.append, decode=tokenizer.decode)
         assert groups.offer(_interaction(tokenizer), SamplingParams(max_new_tokens=2), "c", "tn")
-        await until(lambda: groups.in_flight == 0, "the group")
+        await eventually(lambda: groups.in_flight == 0, what="the group")
         return got, groups
 
     got, groups = asyncio.run(main([0.5, math.nan, 1.0]))
@@ -133,7 +133,7 @@ async def test_a_non_finite_step_is_discarded_alarmed_never_published_and_traini
     async with asgi_client(app) as c, app.router.lifespan_context(app):
         trainer.add_feedback(_sample("poison-1", 1.0, logprob=-1e30, prompt=(5, 6)), "c1", "tn", time.time())
         trainer.add_feedback(_sample("poison-2", -1.0, logprob=-1e30, prompt=(5, 7)), "c2", "tn", time.time())
-        await until(lambda: trainer.counts["nonfinite_steps"] == 1, "the poisoned step")
+        await eventually(lambda: trainer.counts["nonfinite_steps"] == 1, what="the poisoned step")
         assert trainer.counts["dropped_nonfinite"] == 2 and trainer.counts["steps"] == 0
         assert trainer.counts["published"] == 0 and training.canary.canary_version is None
         assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # no update applied
@@ -146,7 +146,7 @@ async def test_a_non_finite_step_is_discarded_alarmed_never_published_and_traini
         # recovery: a good step trains, keeps the weights finite and offers them as a candidate
         trainer.add_feedback(_sample("good-1", 1.0, logprob=-2.0, prompt=(5, 6)), "c3", "tn", time.time())
         trainer.add_feedback(_sample("good-2", -1.0, logprob=-2.0, prompt=(5, 7)), "c4", "tn", time.time())
-        await until(lambda: trainer.counts["published"] == 1, "a good step, published")
+        await eventually(lambda: trainer.counts["published"] == 1, what="a good step, published")
         assert trainer.counts["steps"] == 1 and training.canary.canary_version == 1
         assert all(bool(torch.isfinite(v).all()) for v in model.state_dict().values())
         assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
+from helpers import eventually
 from rlgate.online.groups import LiveGroup
 from rlgate.online.options import OnlineOptions
 from rlgate.online.trainer import OnlineTrainer
@@ -181,13 +181,6 @@ def _wired(tokenizer, stop_ids, redaction: str | None = None, **opts: object):
     return attach_online_training(app, training), training, rec
 
 
-async def _until(cond, what: str) -> None:
-    deadline = time.monotonic() + 120  # a guard against a hang, far above what a loaded machine needs
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 async def test_feedback_and_live_groups_reach_the_trainer_and_deletion_removes_them(tokenizer, stop_ids, asgi_client):
     from helpers import admin_headers
     from online_helpers import chat, new_tenant
@@ -204,7 +197,7 @@ async def test_feedback_and_live_groups_reach_the_trainer_and_deletion_removes_t
                              headers=tenant)
             assert r.status_code == 200, r.text
         # two rewarded turns + two live groups of three
-        await _until(lambda: trainer.pending_samples == 8, "feedback and groups in the trainer's queue")
+        await eventually(lambda: trainer.pending_samples == 8, what="feedback and groups in the trainer's queue")
         assert trainer.counts["received_feedback_samples"] == 2 and trainer.counts["received_group_samples"] == 6
         assert {u.conversation for u in trainer.pending} == {"keep", "gone"}
         assert training.canary.rewards[0].n == 2  # each rewarded turn credited to version 0 once
@@ -243,9 +236,9 @@ async def test_the_redaction_hook_sees_every_sample_before_the_trainer(tokenizer
             r = await c.post("/v1/feedback", json={"kind": "thumbs", "value": False, "interaction_id": turn},
                              headers=tenant)
             assert r.status_code == 200, r.text
-        await _until(lambda: training.feedback is not None and training.feedback.counts["rewarded_turns"] == 2
-                     and training.groups is not None and training.groups.in_flight == 0
-                     and training.groups.counts["completed"] == 2, "both turns read, both groups done")
+        await eventually(lambda: training.feedback is not None and training.feedback.counts["rewarded_turns"] == 2
+                         and training.groups is not None and training.groups.in_flight == 0
+                         and training.groups.counts["completed"] == 2, what="both turns read, both groups done")
         assert {s.id for u in trainer.pending for s in u.samples} >= {ok} and all(
             "secret" not in str(s.messages) for u in trainer.pending for s in u.samples)
         assert training.feedback.counts["withheld_by_redaction"] == 1 and training.withheld == 2

@@ -56,9 +56,13 @@ def assert_tokens_match(tokens, sample):
 
 
 def click(driver, text):
+    """Click the link reading ``text`` once the page shows it (the viewer renders a view after a click)."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
 
-    driver.find_element(By.LINK_TEXT, text).click()
+    WebDriverWait(driver, 60, poll_frequency=0.05).until(
+        expected_conditions.element_to_be_clickable((By.LINK_TEXT, text))).click()
 
 
 def walk(driver, shots, sessions, prefix):

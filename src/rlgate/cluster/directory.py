@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rlgate.supervised import forever
+
 log = logging.getLogger("rlgate.cluster")
 
 ReplicaStateName = str  # healthy | paused | stale | down | starting
@@ -77,12 +79,7 @@ class ReplicaTable:
             self._task = None
 
     async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                await self.refresh()
-            except Exception:
-                log.exception("replica refresh failed")
+        await forever(self.refresh, wait=self.interval, what="replica refresh", log=log)
 
     async def refresh(self) -> None:
         await asyncio.gather(*(self._refresh_one(r) for r in self.replicas))

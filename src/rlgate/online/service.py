@@ -7,7 +7,6 @@ Routes call the methods here (``api/online/router.py``); nothing in it knows abo
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import secrets
@@ -38,6 +37,7 @@ from rlgate.records.feedback import (
 )
 from rlgate.records.tenants import Tenant, TenantKeys, check_name, hash_tenant_key, new_tenant_id, new_tenant_key
 from rlgate.store.online import OnlineRecords
+from rlgate.supervised import forever
 from rlgate.trajectory.interaction import Interaction, Session
 
 __all__ = ["FeedbackTarget", "OnlineGateway"]
@@ -272,22 +272,22 @@ class OnlineGateway:
 
     async def run(self) -> None:
         """Scan for implicit signals, release idle conversations and purge by age, forever (cancelled at
-        shutdown)."""
+        shutdown); the first scan at once: the restored turns are counted from the start."""
         next_purge = 0.0
         first = True
-        while True:
-            if not first:  # the first scan at once: the restored turns are counted from the start
-                await asyncio.sleep(self.config.implicit_scan_interval)
-            try:
-                self.implicit.scan()
-                self.quotas.release_idle()
-                if first:
-                    self._replayed_implicit.clear()  # every restored turn was looked at
-                if self.config.data_retention_hours > 0 and time.monotonic() >= next_purge:
-                    next_purge = time.monotonic() + self.config.retention_interval
-                    purge_expired(self.conversations, self.rights, self.records, self.config.data_retention_hours)
-                    self.quotas.feedback_deleted()
-                    await self.records.forget_deleted()  # the purged data leaves the store's files too
-            except Exception:  # noqa: BLE001 - the loop must never die
-                log.exception("online background pass failed")
-            first = False
+
+        async def one_pass() -> None:
+            nonlocal next_purge, first
+            self.implicit.scan()
+            self.quotas.release_idle()
+            if first:
+                self._replayed_implicit.clear()  # every restored turn was looked at
+                first = False
+            if self.config.data_retention_hours > 0 and time.monotonic() >= next_purge:
+                next_purge = time.monotonic() + self.config.retention_interval
+                purge_expired(self.conversations, self.rights, self.records, self.config.data_retention_hours)
+                self.quotas.feedback_deleted()
+                await self.records.forget_deleted()  # the purged data leaves the store's files too
+
+        await forever(one_pass, wait=self.config.implicit_scan_interval, what="online background pass", log=log,
+                      at_once=True)

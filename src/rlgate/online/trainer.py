@@ -50,6 +50,7 @@ from typing import Any, Literal, Protocol
 
 from rlgate.online.groups import LiveGroup
 from rlgate.online.options import OnlineOptions
+from rlgate.supervised import forever
 from rlgate.trajectory.sample import Sample
 
 log = logging.getLogger("rlgate.online.trainer")
@@ -373,18 +374,18 @@ class OnlineTrainer:
         self._epoch += 1
 
     async def run(self) -> None:
-        """Step whenever a batch is ready, until cancelled."""
-        while True:
+        """Step whenever a batch is ready, until cancelled; a failed step is logged with its traceback
+        and serving goes on."""
+        async def woken() -> None:
             await self._wake.wait()
             self._wake.clear()
-            try:
-                while await self.step_once() is not None:
-                    pass
-                await self.try_publish()  # a canary may have ended since the last step
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - keep serving; the failure is logged with its traceback
-                log.exception("online training step failed")
+
+        async def steps() -> None:
+            while await self.step_once() is not None:
+                pass
+            await self.try_publish()  # a canary may have ended since the last step
+
+        await forever(steps, wait=woken, what="online training step", log=log)
 
     def poke(self) -> None:
         """Look again (a canary decision may allow a publish)."""

@@ -30,6 +30,7 @@ from rlgate.online.redaction import Redactor
 from rlgate.online.rights import Deletion
 from rlgate.online.trainer import OnlineTrainer
 from rlgate.online.versions import TwoSlotEngine
+from rlgate.supervised import forever
 from rlgate.trajectory.interaction import Interaction
 from rlgate.trajectory.sample import Sample
 
@@ -177,14 +178,14 @@ class OnlineTraining:
             self._tasks.append(asyncio.create_task(self._tail_feedback()))
 
     async def _tail_feedback(self) -> None:
-        assert self.feedback is not None
-        while True:
-            try:
-                while self.feedback.poll():
-                    pass
-            except Exception:  # noqa: BLE001 - the tail must never die: log and poll again
-                log.exception("reading feedback failed")
-            await asyncio.sleep(self.poll_interval)
+        feedback = self.feedback
+        assert feedback is not None
+
+        def read_all() -> None:
+            while feedback.poll():
+                pass
+
+        await forever(read_all, wait=self.poll_interval, what="reading feedback", log=log, at_once=True)
 
     async def close(self) -> None:
         for t in [*self._tasks, *self._side]:

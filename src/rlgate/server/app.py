@@ -46,6 +46,7 @@ from rlgate.server.inflight import InFlight, InFlightMiddleware
 from rlgate.server.metrics_http import MetricsServer
 from rlgate.server.request_metrics import RequestMetricsMiddleware
 from rlgate.store.base import HasWriteStats, Store
+from rlgate.supervised import forever
 
 log = logging.getLogger("rlgate.server")
 
@@ -161,9 +162,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         await generation.policies.restore()  # the adapter policies the store lists (a restart)
-        sweeper = asyncio.create_task(_sweep_forever(sessions, config.sweep_interval))
-        poller = asyncio.create_task(_poll_guards_forever(metrics, config.guard_poll_interval))
-        background = [sweeper, poller]
+        # Guards that watch counters kept elsewhere (store writes) alarm even without traffic.
+        background = [
+            asyncio.create_task(forever(sessions.sweep, wait=config.sweep_interval, what="session sweep", log=log)),
+            asyncio.create_task(forever(metrics.poll, wait=config.guard_poll_interval, what="metrics poll", log=log)),
+        ]
         if online_state is not None:  # implicit feedback and retention (online/service.py)
             background.append(asyncio.create_task(online_state.run()))
         side = MetricsServer(metrics.registry, config.metrics_host, config.metrics_port) \
@@ -274,22 +277,3 @@ def _online_state(online: OnlineConfig | None, sessions: SessionManager, store: 
     if not isinstance(store, OnlineRecords):
         raise ValueError(f"--online: the store {type(store).__name__} keeps no tenants or feedback")
     return OnlineGateway.build(online, sessions, store, FeedbackMetrics(metrics.registry))
-
-
-async def _poll_guards_forever(metrics: GatewayMetrics, interval: float) -> None:
-    """Guards that watch counters kept elsewhere (store writes) alarm even without traffic."""
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            metrics.poll()
-        except Exception:  # noqa: BLE001 - the poller must never die
-            log.exception("metrics poll failed")
-
-
-async def _sweep_forever(sessions: SessionManager, interval: float) -> None:
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            sessions.sweep()
-        except Exception:  # the sweeper must never die: log and sweep again next time
-            log.exception("session sweep failed")

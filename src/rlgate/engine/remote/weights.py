@@ -36,6 +36,7 @@ from rlgate.engine.remote.errors import BackendRejected, LoadRefused, MalformedR
 from rlgate.engine.remote.pool import BackendPool
 from rlgate.engine.remote.verify import CheckWindow, check_backend
 from rlgate.engine.weight_check import DEFAULT_TOLERANCE, WeightCheck, WeightCheckFailed, WeightProbe
+from rlgate.supervised import forever
 
 __all__ = ["BackendWeights", "GenerationPause"]
 
@@ -109,12 +110,7 @@ class BackendWeights:
     # ------------------------------------------------------------------ health
 
     async def health_loop(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.check_all()
-            except Exception:  # the loop must never die: log and check again next round
-                log.exception("%s health check failed", self.hooks.kind)
+        await forever(self.check_all, wait=interval, what=f"{self.hooks.kind} health check", log=log)
 
     async def check_all(self) -> None:
         """One round of health checks."""
