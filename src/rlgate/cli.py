@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rlgate.config import STALE_LAG, ClusterConfig, GatewayConfig, OnlineConfig, add_arguments, from_arguments, option
+from rlgate.config import LOG_LEVEL, STALE_LAG, ClusterConfig, GatewayConfig, OnlineConfig, add_arguments, from_arguments, option
 from rlgate.server.key_file import claim_key_file, publish_key_file
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -67,7 +67,7 @@ class ServeOptions:
     admin_key_file: str | None = option(None, "write the (generated) admin key to this file, mode 0600",
                                         metavar="PATH")
     # no "trace": uvicorn logs raw request headers (keys) at that level
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = option("info", "log level")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = option(LOG_LEVEL, "log level")
     access_log: bool = option(False, "log one line per request (never keys)")
 
 

@@ -52,6 +52,9 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Calla
     return field(default=default, metadata=metadata)
 
 
+LOG_LEVEL = "info"  # uvicorn's and rlgate's log level unless told otherwise (rlgate serve --log-level)
+
+
 @dataclass
 class GatewayConfig:
     """What the gateway does and how much it accepts (``rlgate serve`` flags of the same names)."""

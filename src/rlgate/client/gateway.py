@@ -27,6 +27,8 @@ from typing import Any
 
 import httpx
 
+from rlgate.trajectory.export import DEFAULT_EXPORT_STYLE, NO_DISCOUNT
+
 log = logging.getLogger("rlgate.client")
 
 # A dropped connection (issue 25: one end_session in ~700 failed with httpx.ReadError) is retried
@@ -81,7 +83,7 @@ class SessionHandle:
         return int(out["interaction_count"])
 
     async def finish(
-        self, reward: float | dict[str, float] | None = None, *, discount: float = 1.0, style: str = "individual",
+        self, reward: float | dict[str, float] | None = None, *, discount: float = NO_DISCOUNT, style: str = DEFAULT_EXPORT_STYLE,
         wait_timeout: float = 0.0,
     ) -> dict[str, Any]:
         """End, reward and export in one call (``POST /rl/finish_session``, admin key): ``reward`` is a
@@ -93,7 +95,7 @@ class SessionHandle:
         return out
 
     async def export(
-        self, *, discount: float = 1.0, style: str = "individual", keep: bool = False, wait_timeout: float = 0.0
+        self, *, discount: float = NO_DISCOUNT, style: str = DEFAULT_EXPORT_STYLE, keep: bool = False, wait_timeout: float = 0.0
     ) -> dict[str, Any]:
         return await self._client.export(self.session_id, discount=discount, style=style, keep=keep,
                                          wait_timeout=wait_timeout)
@@ -181,7 +183,7 @@ class GatewayClient:
             await s.end()
 
     async def export(
-        self, session_id: str, *, discount: float = 1.0, style: str = "individual", keep: bool = False,
+        self, session_id: str, *, discount: float = NO_DISCOUNT, style: str = DEFAULT_EXPORT_STYLE, keep: bool = False,
         wait_timeout: float = 0.0,
     ) -> dict[str, Any]:
         return await self._post("/export_trajectories", {
@@ -190,8 +192,8 @@ class GatewayClient:
         }, idempotent=keep)  # without keep, an export retires the session: a lost answer is not retried
 
     async def finish_session(
-        self, session_id: str, reward: float | dict[str, float] | None = None, *, discount: float = 1.0,
-        style: str = "individual", wait_timeout: float = 0.0,
+        self, session_id: str, reward: float | dict[str, float] | None = None, *, discount: float = NO_DISCOUNT,
+        style: str = DEFAULT_EXPORT_STYLE, wait_timeout: float = 0.0,
     ) -> dict[str, Any]:
         """``POST /rl/finish_session``: end an active session, set its rewards (a float for the last
         completed interaction, or ``{interaction_id: reward}``) and return its export, all or nothing."""

@@ -27,6 +27,7 @@ from typing import Any, Self
 import httpx
 
 from rlgate.cluster.directory import ReplicaTable
+from rlgate.trajectory.export import DEFAULT_EXPORT_STYLE, NO_DISCOUNT
 
 __all__ = ["Collector"]
 
@@ -35,7 +36,7 @@ log = logging.getLogger("rlgate.cluster.collector")
 
 class Collector:
     def __init__(self, table: ReplicaTable, admin_key: str, *, maxsize: int = 256, batch: int = 32,
-                 poll_wait: float = 2.0, style: str = "individual", discount: float = 1.0) -> None:
+                 poll_wait: float = 2.0, style: str = DEFAULT_EXPORT_STYLE, discount: float = NO_DISCOUNT) -> None:
         self.table = table
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize)
         self.batch = batch

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from rlgate.engine.options import EngineOptions
+
 
 class EngineSpec(Protocol):
     def __call__(self, tokenizer: Any, index: int) -> Any:
@@ -37,7 +39,7 @@ class LocalEngineSpec:
 
     model: str
     device: str | None = None
-    max_batch_size: int = 64
+    max_batch_size: int = EngineOptions.max_batch_size
     max_context_length: int | None = None
 
     def __call__(self, tokenizer: Any, index: int) -> Any:

@@ -38,7 +38,7 @@ from rlgate.errors import (
 )
 from rlgate.metrics.gateway import GatewayMetrics
 from rlgate.store.base import Store
-from rlgate.trajectory.export import ExportStyle, export_samples
+from rlgate.trajectory.export import DEFAULT_EXPORT_STYLE, NO_DISCOUNT, ExportStyle, export_samples
 from rlgate.trajectory.interaction import Interaction, Session, TrajectoryMode
 from rlgate.trajectory.tree import register_completed
 
@@ -345,8 +345,8 @@ class SessionManager:
         self,
         session_id: str,
         *,
-        style: ExportStyle = "individual",
-        discount: float = 1.0,
+        style: ExportStyle = DEFAULT_EXPORT_STYLE,
+        discount: float = NO_DISCOUNT,
         keep: bool = False,
         wait_timeout: float = 0.0,
         current_version: int | None = None,
@@ -436,8 +436,8 @@ class SessionManager:
         *,
         reward: float | None = None,
         rewards: dict[str, float] | None = None,
-        style: ExportStyle = "individual",
-        discount: float = 1.0,
+        style: ExportStyle = DEFAULT_EXPORT_STYLE,
+        discount: float = NO_DISCOUNT,
         wait_timeout: float = 0.0,
         current_version: int | None = None,
     ) -> dict[str, Any]:
@@ -479,8 +479,8 @@ class SessionManager:
         if self._finished_changed is not None:
             self._finished_changed.set()
 
-    async def collect(self, max_sessions: int, *, wait_timeout: float = 0.0, style: ExportStyle = "individual",
-                      discount: float = 1.0, where: Callable[[Session], bool] | None = None) -> list[dict[str, Any]]:
+    async def collect(self, max_sessions: int, *, wait_timeout: float = 0.0, style: ExportStyle = DEFAULT_EXPORT_STYLE,
+                      discount: float = NO_DISCOUNT, where: Callable[[Session], bool] | None = None) -> list[dict[str, Any]]:
         """Exports of up to ``max_sessions`` finished sessions (ended or interrupted, nothing in
         flight, not exported yet; ``where``: those it accepts), in the order they finished; waits up to ``wait_timeout``
         seconds for the first. Each is exported as by :meth:`export` (dropped once the response

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from rlgate.demo.number_users import JudgedWindow, NumberUsers, first_number_score
+from rlgate.online.options import OnlineOptions
 from rlgate.trajectory.sample import Sample
 
 
@@ -59,9 +60,9 @@ class RealProofSettings:
     canary_min_samples: int = 20
     canary_plan_samples: int = 100
     candidate_steps: int = 2
-    conversation_idle_s: float = 60.0  # the default
+    conversation_idle_s: float = OnlineOptions.conversation_idle_s
     hacking_min_replies: int = 20
-    hacking_action: str = "pause"  # the default of rlgate serve
+    hacking_action: str = OnlineOptions.hacking_action  # the default of rlgate serve
     feedback_share: float = 0.7
     outcome_share: float = 0.3
     adversarial_share: float = 0.1
@@ -117,7 +118,6 @@ async def run_real_proof(out_dir: Path, s: RealProofSettings, log: Callable[[str
     from rlgate.config import GatewayConfig, OnlineConfig
     from rlgate.model import load_tokenizer, stop_token_ids
     from rlgate.online.groups import scorer_of
-    from rlgate.online.options import OnlineOptions
     from rlgate.server.app import create_app
     from rlgate.server.online_training import attach_online_training
     from rlgate.server.runner import ServerThread

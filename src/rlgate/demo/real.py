@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from rlgate.demo.rl import DemoHooks, DemoSettings, _read_history, _start_gateway, stop_gateway
 from rlgate.demo.tasks import TaskSplit, math_task
+from rlgate.engine.options import EngineOptions
 from rlgate.train.config import (
     DatasetSource,
     GatewaySettings,
@@ -176,7 +177,7 @@ def _start_vllm(model_dir: Path, out: Path, console: Any) -> Any:
 
 def run_real_demo(out: Path, *, model: str = DEFAULT_MODEL, seed: int = 0, steps: int | None = None,
                   overrides: dict[str, Any] | None = None, port: int | None = None, device: str = "cpu",
-                  engine: str = "local") -> int:
+                  engine: str = EngineOptions.engine) -> int:
     from rich.console import Console
 
     from rlgate.checkpoints import ModelNotFound, resolve_model

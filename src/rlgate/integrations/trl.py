@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgate.integrations.episodes import Chain, LoopThread, play
-from rlgate.rollout.runner import RolloutRunner
+from rlgate.rollout.runner import CONCURRENCY, EPISODE_TIMEOUT_S, MAX_CONSECUTIVE_FAILURES, RolloutRunner
 from rlgate.train.config import GatewaySettings, RolloutSettings, TrainConfig
 from rlgate.train.gateway import OpenGateway, open_gateway
 
@@ -95,9 +95,9 @@ class TRLRollout:
 
     @classmethod
     def start(cls, agent: Any, model: str | Path, *, gateway: GatewaySettings | None = None,
-              data_for: Callable[[Any], dict[str, Any]] = default_data_for, concurrency: int = 64,
-              episode_timeout: float = 300.0, seed: int | None = None, out_dir: str | Path = "runs/trl",
-              max_consecutive_failures: int = 32) -> TRLRollout:
+              data_for: Callable[[Any], dict[str, Any]] = default_data_for, concurrency: int = CONCURRENCY,
+              episode_timeout: float = EPISODE_TIMEOUT_S, seed: int | None = None, out_dir: str | Path = "runs/trl",
+              max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES) -> TRLRollout:
         """Open the gateway serving ``model`` (a checkpoint directory: TRL's starting weights) and
         the runner that plays ``agent`` (an rlgate agent: ``run(data, *, base_url, api_key)``).
 
@@ -152,9 +152,10 @@ class TRLRollout:
         self.close()
 
 
-def open_agent(agent: Any, model: str | Path, *, gateway: GatewaySettings | None = None, concurrency: int = 64,
-               episode_timeout: float = 300.0, seed: int | None = None, out_dir: str | Path = "runs/trl",
-               max_consecutive_failures: int = 32) -> tuple[OpenGateway, RolloutRunner, LoopThread]:
+def open_agent(agent: Any, model: str | Path, *, gateway: GatewaySettings | None = None,
+               concurrency: int = CONCURRENCY, episode_timeout: float = EPISODE_TIMEOUT_S, seed: int | None = None,
+               out_dir: str | Path = "runs/trl", max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES,
+               ) -> tuple[OpenGateway, RolloutRunner, LoopThread]:
     """The gateway serving ``model``, the runner that plays ``agent`` through it, and the event loop
     they live on (the arguments are :meth:`TRLRollout.start`'s); :func:`close_agent` ends them.
     Both TRL adapters (this one and ``integrations/trl_async.py``) open theirs here."""

@@ -69,7 +69,7 @@ from typing import Any
 
 from rlgate.integrations.episodes import Chain, LoopThread, play
 from rlgate.integrations.trl import close_agent, default_data_for, open_agent
-from rlgate.rollout.runner import RolloutRunner
+from rlgate.rollout.runner import CONCURRENCY, EPISODE_TIMEOUT_S, MAX_CONSECUTIVE_FAILURES, RolloutRunner
 from rlgate.train.config import GatewaySettings
 from rlgate.train.gateway import OpenGateway
 
@@ -159,9 +159,9 @@ class AsyncAgentRollout:
     @classmethod
     def open(cls, agent: Any, model: str | Path, *, prompts: Sequence[Any], num_generations: int,
               data_for: Callable[[Any], dict[str, Any]] = default_data_for, gateway: GatewaySettings | None = None,
-              groups_in_flight: int = 2, queue_maxsize: int = 1024, concurrency: int = 64,
-              episode_timeout: float = 300.0, seed: int | None = None, out_dir: str | Path = "runs/trl-async",
-              max_consecutive_failures: int = 32) -> AsyncAgentRollout:
+              groups_in_flight: int = 2, queue_maxsize: int = 1024, concurrency: int = CONCURRENCY,
+              episode_timeout: float = EPISODE_TIMEOUT_S, seed: int | None = None, out_dir: str | Path = "runs/trl-async",
+              max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES) -> AsyncAgentRollout:
         """Open the gateway serving ``model`` (the checkpoint directory TRL starts from) and the runner
         that plays ``agent`` (an rlgate agent: ``run(data, *, base_url, api_key)``) on ``prompts``
         (e.g. ``train_dataset["prompt"]``; ``data_for(prompt)`` is an episode's ``data``),

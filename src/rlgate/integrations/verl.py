@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlgate.integrations.episodes import Chain
+from rlgate.rollout.runner import EPISODE_TIMEOUT_S
 
 __all__ = ["VerlLoopSettings", "agent_data", "output_fields"]
 
@@ -36,11 +37,12 @@ class VerlLoopSettings:
     admin_key: str  # its admin key (RLGATE_ADMIN_KEY; never logged)
     agent: str  # "module:attr": an rlgate agent class, object or function (RLGATE_AGENT)
     agent_kwargs: Mapping[str, Any] | None = None  # keyword arguments for an agent class
-    episode_timeout: float = 300.0
+    episode_timeout: float = EPISODE_TIMEOUT_S
 
     @classmethod
     def resolve(cls, gateway_url: str | None = None, admin_key: str | None = None, agent: str | None = None,
-                agent_kwargs: Mapping[str, Any] | None = None, episode_timeout: float = 300.0) -> VerlLoopSettings:
+                agent_kwargs: Mapping[str, Any] | None = None,
+                episode_timeout: float = EPISODE_TIMEOUT_S) -> VerlLoopSettings:
         url = gateway_url or os.environ.get("RLGATE_GATEWAY_URL")
         key = admin_key or os.environ.get("RLGATE_ADMIN_KEY")
         spec = agent or os.environ.get("RLGATE_AGENT")

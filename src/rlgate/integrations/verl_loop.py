@@ -24,7 +24,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 from rlgate.client.gateway import GatewayClient
 from rlgate.integrations.episodes import play
 from rlgate.integrations.verl import VerlLoopSettings, agent_data, output_fields
-from rlgate.rollout.runner import RolloutRunner
+from rlgate.rollout.runner import EPISODE_TIMEOUT_S, RolloutRunner
 from rlgate.train.loading import load_agent
 
 __all__ = ["RlgateAgentLoop"]
@@ -37,7 +37,7 @@ class RlgateAgentLoop(AgentLoopBase):
 
     def __init__(self, *args: Any, gateway_url: str | None = None, admin_key: str | None = None,
                  agent: str | None = None, agent_kwargs: dict[str, Any] | None = None,
-                 episode_timeout: float = 300.0, **kwargs: Any) -> None:
+                 episode_timeout: float = EPISODE_TIMEOUT_S, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.settings = VerlLoopSettings.resolve(gateway_url, admin_key, agent, agent_kwargs, episode_timeout)
         self.response_length = int(self.rollout_config.response_length)

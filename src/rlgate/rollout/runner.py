@@ -62,9 +62,17 @@ from rlgate.rollout.agent import AgentResult, check_result, run_inline, run_subp
 from rlgate.rollout.errors import AgentError, RunError, TooManyFailures
 from rlgate.rollout.reward import FinishedEpisode, RewardFn, call_reward_fn
 from rlgate.rollout.starts import BatchedStarts
+from rlgate.trajectory.export import DEFAULT_EXPORT_STYLE, NO_DISCOUNT, ExportStyle
 from rlgate.trajectory.sample import Sample
 
 log = logging.getLogger("rlgate.rollout")
+
+# The rollout knobs' defaults, written once: RolloutSettings (train/config.py), the TRL and verl
+# adapters and this runner take them from here.
+GROUP_SIZE = 8
+CONCURRENCY = 64
+EPISODE_TIMEOUT_S = 300.0
+MAX_CONSECUTIVE_FAILURES = 32
 
 NO_LLM_CALL = ("the episode made no LLM call through the gateway: the agent must send its requests to the "
                "base_url it is given, with the api_key it is given")
@@ -158,16 +166,16 @@ class RolloutRunner:
         client: GatewayClient,
         agent: Any | AgentFactory,
         *,
-        group_size: int = 8,
-        concurrency: int = 64,
-        episode_timeout: float = 120.0,
+        group_size: int = GROUP_SIZE,
+        concurrency: int = CONCURRENCY,
+        episode_timeout: float = EPISODE_TIMEOUT_S,
         mode: Literal["inline", "subprocess", "ray"] = "inline",
-        export_style: Literal["individual", "concat"] = "individual",
-        discount: float = 1.0,
+        export_style: ExportStyle = DEFAULT_EXPORT_STYLE,
+        discount: float = NO_DISCOUNT,
         allowance: Allowance | None = None,
         reward_fn: RewardFn | None = None,
         reward_range: tuple[float, float] | None = None,
-        max_consecutive_failures: int = 32,
+        max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES,
         ray_options: dict[str, Any] | None = None,
         collector: Any = None,
         batch_starts: bool = True,

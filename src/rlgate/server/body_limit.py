@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from rlgate.config import GatewayConfig
 from rlgate.errors import GatewayError, PayloadTooLarge, RequestTimeout, Unavailable
 from rlgate.server.asgi_errors import DRAIN_BYTES, declared_length, drain, drainable_length, send_error
 
@@ -32,7 +33,7 @@ class _Gone(Exception):
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: Any, max_bytes: int, *, body_timeout: float = 60.0,
+    def __init__(self, app: Any, max_bytes: int, *, body_timeout: float = GatewayConfig.body_timeout,
                  max_buffered_bytes: int | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes

@@ -38,6 +38,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from rlgate.config import GatewayConfig
 from rlgate.errors import Unavailable
 from rlgate.server.asgi_errors import send_error
 
@@ -97,8 +98,8 @@ class _OneWriteResponses:
 
 
 class _GatewayProtocol(HttpToolsProtocol):
-    header_timeout: float = 10.0
-    max_connections: int = 2048
+    header_timeout: float = GatewayConfig.header_timeout
+    max_connections: int = GatewayConfig.max_connections
     max_header_bytes: int = 64 * 1024
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]

@@ -35,6 +35,7 @@ from typing import Any
 
 import uvicorn
 
+from rlgate.config import LOG_LEVEL, GatewayConfig
 from rlgate.server import logging_filters
 from rlgate.server.connections import gateway_protocol
 
@@ -124,8 +125,8 @@ def tune_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
-def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info", access_log: bool = False,
-                   shutdown_timeout: float = 30.0, max_connections: int | None = None,
+def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = LOG_LEVEL, access_log: bool = False,
+                   shutdown_timeout: float = GatewayConfig.shutdown_timeout, max_connections: int | None = None,
                    timeout_keep_alive: int = KEEP_ALIVE_S) -> uvicorn.Config:
     """The uvicorn settings every way of serving the gateway shares (``serve``, ``ServerThread``).
     Other apps (the fake inference servers of tests) get the same settings with uvicorn's
@@ -142,8 +143,8 @@ def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info", a
     )
 
 
-def serve(app: Any, *, host: str, port: int, log_level: str = "info", access_log: bool = False,
-          shutdown_timeout: float = 30.0) -> int:
+def serve(app: Any, *, host: str, port: int, log_level: str = LOG_LEVEL, access_log: bool = False,
+          shutdown_timeout: float = GatewayConfig.shutdown_timeout) -> int:
     """Serve ``app`` (from ``create_app``) until SIGTERM / SIGINT; return the exit status."""
     gateway = app.state.gateway
     config = uvicorn_config(app, host=host, port=port, log_level=log_level, access_log=access_log,

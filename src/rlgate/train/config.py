@@ -19,7 +19,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rlgate.config import ClusterConfig, GatewayConfig
+from rlgate.online.options import OnlineOptions
 from rlgate.rollout.errors import RunError
+from rlgate.rollout.runner import CONCURRENCY, EPISODE_TIMEOUT_S, GROUP_SIZE, MAX_CONSECUTIVE_FAILURES
+from rlgate.trajectory.export import DEFAULT_EXPORT_STYLE, NO_DISCOUNT, PAD_TOKEN_ID
+
+# The PPO-clip loss's defaults (train/loss.py takes them from here: GRPOConfig is their owner).
+CLIP_LOW = 0.2
+IMPORTANCE_CAP = 5.0
 
 
 class ConfigError(RunError):
@@ -33,16 +41,16 @@ class _Strict(BaseModel):
 class GRPOConfig(_Strict):
     """Optimisation hyper-parameters (rollout settings live in the runner). Unknown keys are errors."""
 
-    lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate (the peak, with lr_schedule)")
+    lr: float = Field(default=OnlineOptions.lr, gt=0, description="AdamW learning rate (the peak, with lr_schedule)")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         default="constant", description="after warmup: constant, linear or cosine decay to 0 at the last step")
     warmup_steps: int = Field(default=0, ge=0, description="steps of linear warmup from lr/(warmup_steps+1) to lr")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay")
     betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas")
     max_grad_norm: float = Field(default=1.0, gt=0, description="gradient clipping (global L2 norm)")
-    clip_low: float = Field(default=0.2, gt=0, lt=1, description="PPO clip: ratio >= 1 - clip_low")
+    clip_low: float = Field(default=CLIP_LOW, gt=0, lt=1, description="PPO clip: ratio >= 1 - clip_low")
     clip_high: float | None = Field(default=None, gt=0, description="ratio <= 1 + clip_high (None: = clip_low)")
-    importance_cap: float = Field(default=5.0, ge=1, description="max off-policy weight pi_prox / pi_behav")
+    importance_cap: float = Field(default=IMPORTANCE_CAP, ge=1, description="max off-policy weight pi_prox / pi_behav")
     kl_coef: float = Field(default=0.0, ge=0, description="> 0: k3 KL to a frozen copy of the start")
     scale_adv_by_std: bool = Field(default=False, description="divide advantages by the group std")
     micro_batch_size: int = Field(default=16, ge=1, description="samples per forward/backward")
@@ -58,7 +66,7 @@ class GRPOConfig(_Strict):
                                          "pushes no weights")
     max_dropped_groups_in_a_row: int = Field(
         default=64, ge=0, description="that many dropped groups in a row stop the run (0: never)")
-    pad_token_id: int = Field(default=0, ge=0, description="padding id for batching")
+    pad_token_id: int = Field(default=PAD_TOKEN_ID, ge=0, description="padding id for batching")
     device: str | None = Field(default=None, description="trainer device; None: cuda if available else cpu")
     share_prompt: bool = Field(default=True, description="run the prompt a group's samples share once in the "
                                "training forward and backward (the same gradient; off for sliding-window models "
@@ -100,15 +108,16 @@ class DatasetSource(_Strict):
 
 
 class RolloutSettings(_Strict):
-    group_size: int = Field(default=8, description="episodes per prompt (the GRPO group); at least 2")
-    concurrency: int = Field(default=64, ge=1, description="episodes in flight at once")
-    episode_timeout: float = Field(default=300.0, gt=0, description="seconds before an episode is failed")
+    group_size: int = Field(default=GROUP_SIZE, description="episodes per prompt (the GRPO group); at least 2")
+    concurrency: int = Field(default=CONCURRENCY, ge=1, description="episodes in flight at once")
+    episode_timeout: float = Field(default=EPISODE_TIMEOUT_S, gt=0, description="seconds before an episode is failed")
     mode: Literal["inline", "subprocess"] = Field(default="inline", description="where agent.run executes "
                                                   "(a `ray:` section makes it a Ray task per episode)")
-    export_style: Literal["individual", "concat"] = Field(default="individual", description="sample layout")
-    discount: float = Field(default=1.0, ge=0.0, le=1.0, description="reward discount up the conversation tree")
+    export_style: Literal["individual", "concat"] = Field(default=DEFAULT_EXPORT_STYLE, description="sample layout")
+    discount: float = Field(default=NO_DISCOUNT, ge=0.0, le=1.0, description="reward discount up the conversation tree")
     max_consecutive_failures: int = Field(
-        default=32, ge=0, description="that many failed episodes in a row (e.g. the first N) stop the run; 0: never")
+        default=MAX_CONSECUTIVE_FAILURES, ge=0,
+        description="that many failed episodes in a row (e.g. the first N) stop the run; 0: never")
     reward_range: tuple[float, float] | None = Field(
         default=None, description="[low, high]: a reward outside stops the run (None: any finite float)")
     seed: int | None = Field(default=None, description="seed the in-process local engine's sampling: a run's "
@@ -153,10 +162,12 @@ class GatewaySettings(_Strict):
                       "multi-node cluster): they get this node's IP")
     tool_parser: str | None = Field(default="hermes", description="in-process: tool-call parser (None: off)")
     reasoning_parser: str | None = Field(default=None, description="in-process: reasoning parser, e.g. 'think'")
-    tool_prompt: Literal["off", "auto"] = Field(default="off", description="in-process: tools the chat template "
+    tool_prompt: Literal["off", "auto"] = Field(default=GatewayConfig.tool_prompt,
+                                                description="in-process: tools the chat template "
                                                 "cannot show: 'off' (reported, unseen) or 'auto' (described in the "
                                                 "system message: docs/http-api.md#tools-a-template-cannot-show)")
-    trajectory_mode: Literal["token_exact", "rerender"] = Field(default="token_exact", description="in-process")
+    trajectory_mode: Literal["token_exact", "rerender"] = Field(default=GatewayConfig.trajectory_mode,
+                                                                description="in-process")
     context_length: int | None = Field(default=None, ge=1, description="in-process: None: the model's; raise it "
                                        "to serve long agent prompts (RoPE)")
     max_tokens_cap: int | None = Field(default=None, ge=1, description="in-process: hard cap on generated tokens "
@@ -204,10 +215,13 @@ class RaySettings(_Strict):
                                         "WITHOUT authentication (anyone who reaches its ports can run code as its "
                                         "user); false: refuse to start")
     num_cpus: int | None = Field(default=None, ge=1, description="local cluster only: CPUs it may schedule")
-    replicas: int = Field(default=0, ge=0, description="gateway replicas on Ray (0: the gateway as in `gateway:`)")
-    replica_num_cpus: float = Field(default=1.0, ge=0, description="CPUs Ray reserves for each replica")
-    replica_num_gpus: float = Field(default=0.0, ge=0, description="GPUs Ray reserves for each replica")
-    replica_host: str = Field(default="127.0.0.1", description="interface each replica binds; 0.0.0.0 when "
+    replicas: int = Field(default=ClusterConfig.replicas, ge=0,
+                          description="gateway replicas on Ray (0: the gateway as in `gateway:`)")
+    replica_num_cpus: float = Field(default=ClusterConfig.replica_num_cpus, ge=0,
+                                    description="CPUs Ray reserves for each replica")
+    replica_num_gpus: float = Field(default=ClusterConfig.replica_num_gpus, ge=0,
+                                    description="GPUs Ray reserves for each replica")
+    replica_host: str = Field(default=ClusterConfig.replica_host, description="interface each replica binds; 0.0.0.0 when "
                               "replicas run on other nodes")
     episode: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 1},
                                     description="each episode's Ray resource request, e.g. {num_cpus: 1}")

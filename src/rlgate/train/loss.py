@@ -27,6 +27,8 @@ from collections.abc import Sequence
 
 import torch
 
+from rlgate.train.config import CLIP_LOW, IMPORTANCE_CAP
+
 
 def group_advantages(
     rewards: Sequence[float] | torch.Tensor,
@@ -62,9 +64,9 @@ def policy_loss(
     mask: torch.Tensor,
     *,
     logp_prox: torch.Tensor | None = None,
-    clip_low: float = 0.2,
+    clip_low: float = CLIP_LOW,
     clip_high: float | None = None,
-    importance_cap: float = 5.0,
+    importance_cap: float = IMPORTANCE_CAP,
     num_tokens: int | float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-level PPO-clip loss (see module docstring).

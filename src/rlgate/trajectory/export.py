@@ -25,6 +25,11 @@ __all__ = ["Lineage", "concat_sample", "export_samples", "individual_sample", "r
            "to_packed_tensors", "to_padded_tensors", "write_jsonl", "write_parquet"]
 
 ExportStyle = Literal["individual", "concat"]
+# Every export path (the control routes, the client, the collector, the runner, the training config)
+# takes these two defaults from here.
+DEFAULT_EXPORT_STYLE: ExportStyle = "individual"
+NO_DISCOUNT = 1.0  # rewards reach every turn of a conversation undiscounted
+PAD_TOKEN_ID = 0  # what padded tensors fill with (GRPOConfig.pad_token_id's default)
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,7 @@ def concat_sample(chain: list[Interaction], rewards: dict[str, float | None], ta
 
 
 def export_samples(
-    interactions: Sequence[Interaction], *, style: ExportStyle = "individual", discount: float = 1.0,
+    interactions: Sequence[Interaction], *, style: ExportStyle = DEFAULT_EXPORT_STYLE, discount: float = NO_DISCOUNT,
     task_id: str = "",
 ) -> tuple[list[Sample], dict[str, int]]:
     """Samples for the completed interactions of one session (task ``task_id``), plus counts.
@@ -161,7 +166,7 @@ def _as_sample(s: SampleLike) -> Sample:
     return s if isinstance(s, Sample) else Sample.from_dict(s)
 
 
-def to_padded_tensors(samples: Sequence[SampleLike], *, pad_token_id: int = 0) -> dict[str, Any]:
+def to_padded_tensors(samples: Sequence[SampleLike], *, pad_token_id: int = PAD_TOKEN_ID) -> dict[str, Any]:
     """Right-padded torch tensors of shape [B, max_len] (+ ``rewards`` [B]).
 
     ``attention_mask`` is 1 on real tokens; padding has loss_mask 0, logprobs 0.0,

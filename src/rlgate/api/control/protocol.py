@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, FiniteFloat
 
+from rlgate.trajectory.export import DEFAULT_EXPORT_STYLE
+
 
 class GrantCapacityRequest(BaseModel):
     count: int = Field(default=1, ge=1, le=1_000_000)
@@ -34,7 +36,7 @@ class SetRewardRequest(BaseModel):
 class ExportRequest(BaseModel):
     session_id: str
     discount: float = Field(default=1.0, ge=0.0, le=1.0)
-    style: Literal["individual", "concat"] = "individual"
+    style: Literal["individual", "concat"] = DEFAULT_EXPORT_STYLE
     keep: bool = False  # leave the session in place (export again later)
     wait_timeout: float = Field(default=0.0, ge=0.0, le=3600.0)  # seconds to wait for the session to end
 
@@ -46,7 +48,7 @@ class FinishSessionRequest(BaseModel):
     reward: float | None = Field(default=None, allow_inf_nan=False)  # for the last completed interaction
     rewards: dict[str, FiniteFloat] | None = None  # interaction id -> reward
     discount: float = Field(default=1.0, ge=0.0, le=1.0)
-    style: Literal["individual", "concat"] = "individual"
+    style: Literal["individual", "concat"] = DEFAULT_EXPORT_STYLE
     wait_timeout: float = Field(default=0.0, ge=0.0, le=3600.0)  # seconds to wait for requests in flight
 
 
@@ -70,6 +72,6 @@ class UnloadPolicyRequest(BaseModel):
 class CollectRequest(BaseModel):
     max_sessions: int = Field(default=16, ge=1, le=1000)  # at most this many exports in one answer
     wait_timeout: float = Field(default=0.0, ge=0.0, le=10.0)  # seconds to wait for the first finished session
-    style: Literal["individual", "concat"] = "individual"
+    style: Literal["individual", "concat"] = DEFAULT_EXPORT_STYLE
     discount: float = Field(default=1.0, ge=0.0, le=1.0)
     policy: str | None = Field(default=None, max_length=64)  # only sessions of this policy (unbound: the default's)
