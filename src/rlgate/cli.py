@@ -132,12 +132,21 @@ def online_training(model_dir: str, learning: Any, tokenizer: Any, engine_kwargs
     from transformers import AutoModelForCausalLM
 
     from rlgate.model import stop_token_ids
+    from rlgate.train.config import ConfigError, load_online_train_config
     from rlgate.train.online import build_online_training
+    from rlgate.train.policy import check_lora
 
+    try:
+        train_config = load_online_train_config(learning.train_config, lr=learning.lr) \
+            if learning.train_config else None
+        if train_config is not None:
+            check_lora(train_config.train)
+    except ConfigError as exc:
+        raise SystemExit(f"rlgate: {exc}") from None
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     try:
         return build_online_training(model, learning, tokenizer, engine_kwargs=engine_kwargs,
-                                     stop_token_ids=stop_token_ids(tokenizer, model_dir))
+                                     stop_token_ids=stop_token_ids(tokenizer, model_dir), train_config=train_config)
     except (ImportError, AttributeError, ValueError, TypeError) as exc:  # a --group-reward / --heldout-check
         raise SystemExit(f"rlgate: --group-reward / --heldout-check: {exc}") from exc
 

@@ -19,7 +19,12 @@ class OnlineOptions:
 
     train: bool = option(False, "learn while serving (with --online and --engine local): live groups, the "
                          "continuous trainer and the canary on a second engine (docs/online.md)", flag="--online-train")
-    lr: float = option(1e-5, "the online trainer's AdamW learning rate", flag="--online-lr")
+    lr: float = option(1e-5, "the online trainer's AdamW learning rate (grpo.lr of --online-train-config wins)",
+                       flag="--online-lr")
+    train_config: str | None = option(
+        None, "a YAML file with rlgate train's grpo: and train: sections for the online trainer (KL, clipping, "
+        "warmup, micro-batches, dtype, LoRA; docs/online.md); the offline loop's batch keys are refused (none: "
+        "rlgate train's defaults)", flag="--online-train-config", metavar="PATH")
     # ---- live groups
     group_fraction: float = option(0.0, "fraction of completed replies that get k-1 extra replies to the same "
                                    "prompt, sampled off the user's path and scored as one GRPO group (0: off)")

@@ -61,6 +61,7 @@ class OnlineTraining:
     encode: Callable[[list[dict[str, Any]]], list[int]] | None = None  # chat messages -> prompt ids (held-out)
     decode: Callable[[list[int]], str] | None = None
     stop_token_ids: tuple[int, ...] = ()
+    trainer_settings: dict[str, Any] | None = None  # the trainer's grpo: and train: sections, as GET /rl/online shows
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _side: set[asyncio.Task[None]] = field(default_factory=set)  # held-out runs
     _gateway_guards: GuardSet | None = None
@@ -203,6 +204,7 @@ class OnlineTraining:
         return {"canary": self.canary.snapshot(),
                 "guards": self.hacking.snapshot() if self.hacking is not None else None,
                 "trainer": dict(self.trainer.snapshot()) if self.trainer is not None else None,
+                "trainer_settings": self.trainer_settings,
                 "groups": dict(self.groups.snapshot()) if self.groups is not None else None,
                 "feedback": dict(self.feedback.counts) if self.feedback is not None else None,
                 "withheld_by_redaction": self.withheld}

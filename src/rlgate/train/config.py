@@ -485,6 +485,64 @@ def validate_config(raw: Any, overrides: list[str] | None = None, *, source: str
     return cfg
 
 
+# --------------------------------------------------------------------------- online training
+
+
+class OnlineTrainConfig(_Strict):
+    """``rlgate serve --online-train --online-train-config FILE``: the ``grpo:`` and ``train:`` sections of
+    ``rlgate train``'s configuration, for the online trainer (train/online.py): KL, clipping, warmup,
+    micro-batches, device, the trained weights' dtype, LoRA and gradient checkpointing."""
+
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    train: ModelSettings = Field(default_factory=ModelSettings)
+
+
+# grpo keys only the offline loop reads (it collects groups per step from its own rollouts): what says it online
+OFFLINE_LOOP_KEYS = {
+    "groups_per_step": "a step takes --train-batch rewarded samples",
+    "max_staleness": "--max-staleness-versions and --max-staleness-hours bound a sample's age",
+    "dynamic_sampling": "live groups are not played again; a group without signal has zero advantages",
+    "max_resampled_groups": "live groups are not played again",
+    "max_dropped_groups_in_a_row": "nothing stops serving; dropped samples are counted in GET /rl/online",
+}
+
+
+def load_online_train_config(path: str | Path, *, lr: float) -> OnlineTrainConfig:
+    """The online trainer's settings from ``path`` (YAML, ``grpo:`` and ``train:`` only), or
+    :class:`ConfigError` listing every problem. ``lr`` (``--online-lr``) is ``grpo.lr`` unless the file sets it."""
+    source = f"--online-train-config {path}"
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping with grpo: and train:, got {type(raw).__name__}")
+    problems = [f"{key}: not read online (only grpo: and train: are; the rest is rlgate train's)"
+                for key in raw if key not in OnlineTrainConfig.model_fields]
+    grpo = raw.get("grpo") or {}
+    if isinstance(grpo, dict):
+        problems += [f"grpo.{key}: the offline loop's; online, {why}"
+                     for key, why in OFFLINE_LOOP_KEYS.items() if key in grpo]
+        if grpo.get("lr_schedule", "constant") != "constant":
+            problems.append(f"grpo.lr_schedule: {grpo['lr_schedule']!r} decays to 0 at a run's last step, and "
+                            "online training has none; use constant (with grpo.warmup_steps if wanted)")
+        raw["grpo"] = {"lr": lr, **grpo}
+    problems += [_unknown_message(k, "") for k in unknown_keys(
+        {k: v for k, v in raw.items() if k in OnlineTrainConfig.model_fields}, OnlineTrainConfig)]
+    cfg = None
+    try:
+        cfg = OnlineTrainConfig.model_validate({k: v for k, v in raw.items() if k in OnlineTrainConfig.model_fields})
+    except ValidationError as exc:
+        problems += [line for err, line in zip(exc.errors(), _format_validation(exc), strict=True)
+                     if err["type"] != "extra_forbidden"]
+    if problems or cfg is None:
+        raise ConfigError(f"{source}: invalid:\n  " + "\n  ".join(problems))
+    return cfg
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
     path = Path(path)
     try:

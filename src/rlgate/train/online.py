@@ -24,9 +24,9 @@ from rlgate.online.options import OnlineOptions
 from rlgate.online.trainer import NonFiniteStep, OnlineTrainer
 from rlgate.online.training import OnlineTraining
 from rlgate.online.versions import TwoSlotEngine
-from rlgate.train.config import GRPOConfig
+from rlgate.train.config import GRPOConfig, OnlineTrainConfig
 from rlgate.train.grpo import GRPOTrainer
-from rlgate.train.policy import serving_state_dict
+from rlgate.train.policy import serving_state_dict, shape_policy
 from rlgate.trajectory.sample import Sample
 
 log = logging.getLogger("rlgate.train.online")
@@ -47,8 +47,9 @@ def _clone(state: dict[str, Any]) -> dict[str, torch.Tensor]:
 class OnlinePolicy:
     """GRPO steps for the continuous trainer + candidates for the two-slot engine (module docstring)."""
 
-    def __init__(self, model: Any, config: GRPOConfig, engines: TwoSlotEngine) -> None:
-        self.trainer = GRPOTrainer(model, config)
+    def __init__(self, model: Any, config: GRPOConfig, engines: TwoSlotEngine, *, ref_model: Any = None,
+                 autocast: str | None = None) -> None:
+        self.trainer = GRPOTrainer(model, config, ref_model=ref_model, autocast=autocast)
         self.engines = engines
         self.canary = engines.canary
         self._states: dict[int, dict[str, torch.Tensor]] = {
@@ -124,22 +125,27 @@ class OnlinePolicy:
 
 
 def build_online_training(model: Any, options: OnlineOptions, tokenizer: Any, *, engine_kwargs: dict[str, Any] | None = None,
-                          scorer: GroupScorer | None = None, micro_batch_size: int = 32,
-                          stop_token_ids: Sequence[int] | None = None) -> OnlineTraining:
+                          scorer: GroupScorer | None = None, stop_token_ids: Sequence[int] | None = None,
+                          train_config: OnlineTrainConfig | None = None) -> OnlineTraining:
     """Online training on the local engine: two engines holding copies of ``model`` (stable + canary slot),
     the trainer on ``model`` itself, live groups scored by ``scorer`` (default: ``options.group_reward``;
     none: no live groups). ``stop_token_ids``: where held-out replies end (default: the tokenizer's end of
-    sequence). ``training.engines`` is the engine to give ``create_app``; then
-    ``server/online_training.py: attach_online_training(app, training)``."""
+    sequence). ``train_config``: the trainer's ``grpo:`` and ``train:`` sections (``--online-train-config``;
+    default: ``rlgate train``'s defaults with ``options.lr``). ``training.engines`` is the engine to give
+    ``create_app``; then ``server/online_training.py: attach_online_training(app, training)``."""
     import copy
 
     from rlgate.engine.local import LocalEngine
 
+    cfg = train_config or OnlineTrainConfig(grpo=GRPOConfig(lr=options.lr))
     kw = engine_kwargs or {}
-    slots = [LocalEngine(model=copy.deepcopy(model), **kw) for _ in range(2)]
+    slots = [LocalEngine(model=copy.deepcopy(model), **kw) for _ in range(2)]  # served as loaded
     canary = Canary(options)
     engines = TwoSlotEngine(slots[0], slots[1], canary)
-    policy = OnlinePolicy(model, GRPOConfig(lr=options.lr, micro_batch_size=micro_batch_size), engines)
+    # the KL reference is the starting model (a LoRA model's copy would carry the adapters it trains)
+    ref = copy.deepcopy(model) if cfg.grpo.kl_coef > 0 and cfg.train.lora is not None else None
+    policy = OnlinePolicy(shape_policy(model, cfg.train), cfg.grpo, engines, ref_model=ref,
+                          autocast="bfloat16" if cfg.train.dtype == "mixed" else None)
     trainer = OnlineTrainer(options, policy, policy.publish)
     policy.attach(trainer)
     if scorer is None and options.group_reward:
@@ -153,7 +159,8 @@ def build_online_training(model: Any, options: OnlineOptions, tokenizer: Any, *,
 
     stops = tuple(stop_token_ids) if stop_token_ids is not None else tuple(
         t for t in (getattr(tokenizer, "eos_token_id", None),) if isinstance(t, int))
-    training = OnlineTraining(options, canary, engines, trainer, encode=encode, decode=decode, stop_token_ids=stops)
+    training = OnlineTraining(options, canary, engines, trainer, encode=encode, decode=decode, stop_token_ids=stops,
+                              trainer_settings=cfg.model_dump(mode="json"))
     if scorer is not None and options.group_fraction > 0:
         training.groups = LiveGroups(options, engines, scorer, training.add_group,
                                      decode=decode,

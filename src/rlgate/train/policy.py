@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from rlgate.rollout.errors import RunError
-from rlgate.train.config import ConfigError, TrainConfig
+from rlgate.train.config import ConfigError, ModelSettings, TrainConfig
 
 
-def check_lora(cfg: TrainConfig) -> None:
+def check_lora(settings: ModelSettings) -> None:
     """ConfigError if ``train.lora`` is set but peft is not installed."""
     import importlib.util
 
-    if cfg.train.lora is not None and importlib.util.find_spec("peft") is None:
+    if settings.lora is not None and importlib.util.find_spec("peft") is None:
         raise ConfigError("train.lora is set but the peft package is not installed (pip install peft, "
                           "or pip install 'rlgate[train]'; or remove train.lora)")
 
@@ -40,7 +40,6 @@ def load_policy(cfg: TrainConfig, base: Path, checkpoint: Path | None = None) ->
     import torch
     from transformers import AutoModelForCausalLM
 
-    dtype = torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32
     lora = cfg.train.lora
     base = base.resolve()  # recorded in a LoRA checkpoint (adapter_config.json): `rlgate serve` finds it there
     source = checkpoint if checkpoint is not None and lora is None else base
@@ -48,16 +47,28 @@ def load_policy(cfg: TrainConfig, base: Path, checkpoint: Path | None = None) ->
         raise RunError(f"resume: {checkpoint} holds {'a LoRA adapter' if is_adapter(checkpoint) else 'full weights'}"
                        f" but train.lora is {'unset' if lora is None else 'set'}: match the run's setting, or "
                        "start a new out_dir")
+    dtype = torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32
     model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    return shape_policy(model, cfg.train, adapter=checkpoint if lora is not None else None)
+
+
+def shape_policy(model: Any, settings: ModelSettings, *, adapter: Path | None = None) -> Any:
+    """``model`` as ``train:`` says the trainer holds it: in its dtype, with LoRA adapters (``adapter``: a saved
+    one to go on training) and gradient checkpointing. ``rlgate train`` and the online trainer both use it."""
+    import torch
+
+    if settings.dtype == "bfloat16" and model.dtype != torch.bfloat16:
+        model = model.to(torch.bfloat16)
+    lora = settings.lora
     if lora is not None:
         from peft import LoraConfig, PeftModel, get_peft_model
 
-        if checkpoint is not None:
-            model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True)
+        if adapter is not None:
+            model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
         else:
             model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                                      target_modules=lora.target_modules, task_type="CAUSAL_LM"))
-    if cfg.train.gradient_checkpointing:
+    if settings.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
 

@@ -92,7 +92,7 @@ def prepare(cfg: TrainConfig, *, need_data: bool = True) -> Prepared:
     check_tracking(cfg)
     from rlgate.train.policy import check_lora
 
-    check_lora(cfg)
+    check_lora(cfg.train)
     if cfg.ray is not None:
         from rlgate.train.gateway import check_ray
 
