@@ -68,7 +68,6 @@ def wired(tokenizer, stop_ids, *, stepper=None, publish=None, store=None, script
     from rlgate.online.training import OnlineTraining
     from rlgate.online.versions import TwoSlotEngine
     from rlgate.server.app import create_app
-    from rlgate.server.online_training import attach_online_training
     from rlgate.store.base import MemoryStore
 
     options = OnlineOptions(**opts)
@@ -85,5 +84,6 @@ def wired(tokenizer, stop_ids, *, stepper=None, publish=None, store=None, script
     if scorer is not None:
         training.groups = LiveGroups(options, engines, scorer_of(scorer), training.add_group, decode=tokenizer.decode)
     app = create_app(GatewayConfig(admin_key=ADMIN_KEY), engines, store or MemoryStore(), tokenizer,
-                     stop_token_ids=stop_ids, online=OnlineConfig(online=True, **(online or {})))
-    return attach_online_training(app, training), training, stepper
+                     stop_token_ids=stop_ids, online=OnlineConfig(online=True, **(online or {})),
+                     online_training=training)
+    return app, training, stepper

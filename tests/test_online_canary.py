@@ -130,14 +130,13 @@ async def test_canary_admin_routes(tokenizer, stop_ids, asgi_client) -> None:
     from rlgate.config import GatewayConfig, OnlineConfig
     from rlgate.online.training import OnlineTraining
     from rlgate.server.app import create_app
-    from rlgate.server.online_training import attach_online_training
     from rlgate.store.base import MemoryStore
 
     canary = _canary()
     engines = TwoSlotEngine(FakeEngine(tokenizer), FakeEngine(tokenizer), canary)
     app = create_app(GatewayConfig(admin_key=ADMIN_KEY), engines, MemoryStore(), tokenizer, stop_token_ids=stop_ids,
-                     online=OnlineConfig(online=True))
-    attach_online_training(app, OnlineTraining(canary.options, canary, engines))
+                     online=OnlineConfig(online=True),
+                     online_training=OnlineTraining(canary.options, canary, engines))
     async with asgi_client(app) as c, app.router.lifespan_context(app):
         _, tenant = await new_tenant(c)
         for path in ("/rl/canary/pin", "/rl/canary/promote", "/rl/canary/rollback"):  # admin only

@@ -97,7 +97,6 @@ async def test_trainer_candidates_and_pushed_checkpoints_never_share_a_version(
     from helpers import ADMIN_KEY
     from rlgate.config import GatewayConfig, OnlineConfig
     from rlgate.server.app import create_app
-    from rlgate.server.online_training import attach_online_training
     from rlgate.store.base import MemoryStore
     from rlgate.train.online import build_online_training
     from rlgate.train.policy import save_for_serving
@@ -105,9 +104,8 @@ async def test_trainer_candidates_and_pushed_checkpoints_never_share_a_version(
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     training = build_online_training(model, OnlineOptions(train=True), tokenizer)
     policy = training.trainer.stepper
-    app = attach_online_training(create_app(GatewayConfig(admin_key=ADMIN_KEY), training.engines, MemoryStore(),
-                                            tokenizer, stop_token_ids=stop_ids, online=OnlineConfig(online=True)),
-                                 training)
+    app = create_app(GatewayConfig(admin_key=ADMIN_KEY), training.engines, MemoryStore(), tokenizer,
+                     stop_token_ids=stop_ids, online=OnlineConfig(online=True), online_training=training)
     save_for_serving(model, tmp_path / "pushed")
     async with asgi_client(app) as c, app.router.lifespan_context(app):
         assert await policy.publish() == 1

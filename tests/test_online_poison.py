@@ -124,11 +124,10 @@ async def test_a_non_finite_step_is_discarded_alarmed_never_published_and_traini
     from helpers import ADMIN_KEY
     from rlgate.config import GatewayConfig, OnlineConfig
     from rlgate.server.app import create_app
-    from rlgate.server.online_training import attach_online_training
     from rlgate.store.base import MemoryStore
 
-    app = attach_online_training(create_app(GatewayConfig(admin_key=ADMIN_KEY), engines, MemoryStore(), tokenizer,
-                                            stop_token_ids=stop_ids, online=OnlineConfig(online=True)), training)
+    app = create_app(GatewayConfig(admin_key=ADMIN_KEY), engines, MemoryStore(), tokenizer,
+                     stop_token_ids=stop_ids, online=OnlineConfig(online=True), online_training=training)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     async with asgi_client(app) as c, app.router.lifespan_context(app):
         trainer.add_feedback(_sample("poison-1", 1.0, logprob=-1e30, prompt=(5, 6)), "c1", "tn", time.time())

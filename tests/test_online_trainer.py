@@ -161,7 +161,6 @@ def _wired(tokenizer, stop_ids, redaction: str | None = None, **opts: object):
     from rlgate.online.training import OnlineTraining
     from rlgate.online.versions import TwoSlotEngine
     from rlgate.server.app import create_app
-    from rlgate.server.online_training import attach_online_training
     from rlgate.store.base import MemoryStore
 
     options = OnlineOptions(**opts)  # type: ignore[arg-type]
@@ -177,8 +176,8 @@ def _wired(tokenizer, stop_ids, redaction: str | None = None, **opts: object):
     training.groups = LiveGroups(options, engines, scorer_of(lambda s: float(len(s.output_text))), training.add_group,
                                  decode=tokenizer.decode)
     app = create_app(GatewayConfig(admin_key=ADMIN_KEY), engines, MemoryStore(), tokenizer, stop_token_ids=stop_ids,
-                     online=OnlineConfig(online=True, redaction_hook=redaction))
-    return attach_online_training(app, training), training, rec
+                     online=OnlineConfig(online=True, redaction_hook=redaction), online_training=training)
+    return app, training, rec
 
 
 async def test_feedback_and_live_groups_reach_the_trainer_and_deletion_removes_them(tokenizer, stop_ids, asgi_client):

@@ -202,17 +202,13 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     logging.getLogger("rlgate").info("store: %s", getattr(store, "path", ":memory: (nothing is persisted)"))
     try:
         app = create_app(config, engine, store, tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model),
-                         online=from_arguments(OnlineConfig, args))
+                         online=from_arguments(OnlineConfig, args), online_training=training)
     except (StoreError, ValueError) as exc:  # the store file could not be loaded; an unknown --renderer / parser
         store.close()
         raise SystemExit(f"rlgate: {exc}") from exc
     except BaseException:
         store.close()
         raise
-    if training is not None:
-        from rlgate.server.online_training import attach_online_training
-
-        attach_online_training(app, training)
     gen = app.state.gateway.generation
     unseen = [p for p in gen.template_support.missing() if p != "images"]
     print(f"rlgate: serving {gen.config.model_name}: model family {gen.family.title} ({gen.family.name}); "

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 from starlette.requests import Request
 
+from rlgate.api.app_state import online_state
 from rlgate.core.sessions import SessionManager
 from rlgate.errors import AuthenticationFailed, GatewayError, PermissionDenied
 from rlgate.records.tenants import Tenant, TenantKeys
@@ -81,7 +82,9 @@ AUTHENTICATED_TENANT = "rlgate.tenant"
 def session_from_request(request: Request) -> Session:
     tenant = request.scope.get(AUTHENTICATED_TENANT)
     if tenant is not None:
-        return request.app.state.online.session_for(tenant, request.headers)
+        online = online_state(request.app)
+        assert online is not None  # a tenant is authenticated only in the online mode
+        return online.session_for(tenant, request.headers)
     sessions = request.app.state.gateway.sessions
     found = request.scope.get(AUTHENTICATED_SESSION)
     if found is not None and sessions.sessions.get(found.id) is found:  # still held (not exported meanwhile)
@@ -95,7 +98,7 @@ def tenant_from_request(request: Request) -> Tenant | None:
     found = request.scope.get(AUTHENTICATED_TENANT)
     if isinstance(found, Tenant) and found.active:
         return found
-    online = getattr(request.app.state, "online", None)
+    online = online_state(request.app)
     token = request_token(request)
     return online.tenants.identify(token) if online is not None and token is not None else None
 

@@ -107,7 +107,6 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
     from rlgate.online.groups import scorer_of
     from rlgate.online.options import OnlineOptions
     from rlgate.server.app import create_app
-    from rlgate.server.online_training import attach_online_training
     from rlgate.server.runner import ServerThread
     from rlgate.store.base import MemoryStore
     from rlgate.train.online import build_online_training
@@ -131,8 +130,7 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
     assert engines is not None and trainer is not None
     admin = secrets.token_urlsafe(16)
     app = create_app(GatewayConfig(admin_key=admin, max_sessions=1_000_000), engines, MemoryStore(), tokenizer,
-                     online=OnlineConfig(online=True))
-    attach_online_training(app, training)
+                     online=OnlineConfig(online=True), online_training=training)
     result = ProofResult(before={}, after={})
     with ServerThread(app) as url:
         async with httpx.AsyncClient(base_url=url, headers={"authorization": f"Bearer {admin}"}, timeout=60) as http:

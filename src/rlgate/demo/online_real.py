@@ -114,12 +114,12 @@ async def run_real_proof(out_dir: Path, s: RealProofSettings, log: Callable[[str
     import torch
     from transformers import AutoModelForCausalLM
 
+    from rlgate.api.app_state import online_state
     from rlgate.checkpoints import resolve_model
     from rlgate.config import GatewayConfig, OnlineConfig
     from rlgate.model import load_tokenizer, stop_token_ids
     from rlgate.online.groups import scorer_of
     from rlgate.server.app import create_app
-    from rlgate.server.online_training import attach_online_training
     from rlgate.server.runner import ServerThread
     from rlgate.store.base import MemoryStore
     from rlgate.train.online import build_online_training
@@ -159,9 +159,10 @@ async def run_real_proof(out_dir: Path, s: RealProofSettings, log: Callable[[str
     assert engines is not None and trainer is not None and training.hacking is not None
     admin = secrets.token_urlsafe(16)
     app = create_app(GatewayConfig(admin_key=admin), engines, MemoryStore(), tokenizer, stop_token_ids=stops,
-                     online=OnlineConfig(online=True))
-    attach_online_training(app, training)
-    conversations = app.state.online.conversations
+                     online=OnlineConfig(online=True), online_training=training)
+    online = online_state(app)
+    assert online is not None
+    conversations = online.conversations
 
     def version_of(turn_id: str) -> int | None:
         found = conversations.find_turn(None, turn_id)

@@ -39,11 +39,13 @@ from rlgate.metrics.gateway import GatewayMetrics
 from rlgate.metrics.policies import PolicyMetrics
 from rlgate.online.conversations import tenant_of
 from rlgate.online.service import OnlineGateway
+from rlgate.online.training import OnlineTraining
 from rlgate.server.auth_gate import AuthGateMiddleware
 from rlgate.server.body_limit import BodyLimitMiddleware
 from rlgate.server.durability import DurabilityMiddleware
 from rlgate.server.inflight import InFlight, InFlightMiddleware
 from rlgate.server.metrics_http import MetricsServer
+from rlgate.server.online_training import bind_online_training
 from rlgate.server.request_metrics import RequestMetricsMiddleware
 from rlgate.store.base import HasWriteStats, Store
 from rlgate.supervised import forever
@@ -128,10 +130,13 @@ def create_app(
     stop_token_ids: list[int] | None = None,
     naming: SessionNaming | None = None,
     online: OnlineConfig | None = None,
+    online_training: OnlineTraining | None = None,
 ) -> FastAPI:
     """``naming``: how session keys and ids are made (default: random keys, ``{task_id}-{k}``
     ids; gateway replicas behind a router pass one whose keys name the replica). ``online``: serve
-    real traffic when ``online.online`` is on (tenants, feedback, data rights: docs/online.md)."""
+    real traffic when ``online.online`` is on (tenants, feedback, data rights: docs/online.md).
+    ``online_training``: learn from that traffic (needs ``online``; server/online_training.py): bound
+    here, its canary routes mounted, started and stopped with the app."""
     metrics = GatewayMetrics(config)
     sessions = SessionManager(config, store, naming, metrics)
     # a tenant's conversation open at the stop is ordinary (its next turn opens a new session), not an alarm
@@ -157,6 +162,8 @@ def create_app(
         online_state.conversations.policy_of = app_tenant_policies.policy_of
         online_state.rights.notifier.on_delete(
             lambda d: app_tenant_policies.forget(d.tenant) if d.whole_tenant else None)
+    if online_training is not None:
+        bind_online_training(gateway, online_state, online_training)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -172,7 +179,14 @@ def create_app(
         side = MetricsServer(metrics.registry, config.metrics_host, config.metrics_port) \
             if config.metrics_port is not None else None
         try:
-            yield
+            if online_training is not None:  # the trainer and the feedback tail, for the app's lifetime
+                await online_training.start()
+                try:
+                    yield
+                finally:
+                    await online_training.close()
+            else:
+                yield
         finally:
             # Shutdown order: no new sessions; stop the sweeper; let the requests still unwinding
             # (cut by the server's shutdown timeout) record their interactions; close the engine
@@ -198,6 +212,7 @@ def create_app(
                   default_response_class=JsonResponse, **_NO_NATIVE_TELEMETRY)
     app.state.gateway = gateway
     app.state.online = online_state
+    app.state.online_training = online_training
     if online_state is not None:
         app.state.tenant_policies = app_tenant_policies
     install_error_handlers(app)
@@ -214,6 +229,10 @@ def create_app(
 
         add_routes(app, online_router)
         add_routes(app, tenant_policy_router)
+    if online_training is not None:
+        from rlgate.api.canary.router import router as canary_router
+
+        add_routes(app, canary_router)
     install_openapi(app, body_models)
     if config.ui:  # the trajectory viewer (off by default; admin only, see ui/auth.py)
         from rlgate.ui.auth import UiLogins

@@ -1,8 +1,9 @@
-"""Wiring online training into an app built by ``create_app(..., online=OnlineConfig(online=True))``.
+"""Wiring online training into the gateway: ``create_app(..., online=OnlineConfig(online=True),
+online_training=training)`` (``rlgate serve --online-train``, the proofs in ``demo/online*.py``).
 
-``attach_online_training(app, training)`` (called by ``rlgate serve --online`` and the proof in
-``demo/online.py``) binds an :class:`~rlgate.online.training.OnlineTraining` to the gateway, with no
-change to what ``create_app`` builds:
+:func:`bind_online_training` binds an :class:`~rlgate.online.training.OnlineTraining` to the gateway
+while ``create_app`` builds the app; ``create_app`` mounts the canary's routes and starts and stops the
+training inside the app's own lifespan:
 
 * every completed user turn is offered to the live groups (``GenerationService.completed_listeners``);
 * the feedback store is tailed into the trainer and the canary (part 1's ``app.state.online``:
@@ -10,27 +11,22 @@ change to what ``create_app`` builds:
   conversation's latest turn);
 * the operator's redaction hook (``--redaction-hook``) sees every sample before the trainer does;
 * deletions reach the trainer's queue and replay buffer and the canary's bindings (its notifier);
-* the canary's admin routes are mounted and its families join ``/metrics``; its guards (non-finite
-  steps, reward hacking: ``online/hacking.py``) join the gateway's (``/health``, ``rlgate_guard_firing``);
-* the trainer and the feedback tail run for the app's lifetime (inside its lifespan).
+* the canary's families join ``/metrics``; its guards (non-finite steps, reward hacking:
+  ``online/hacking.py``) join the gateway's (``/health``, ``rlgate_guard_firing``).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import Iterator
 
-from fastapi import FastAPI
 from prometheus_client.core import Metric
 
-from rlgate.api.canary import router as canary_routes
+from rlgate.core.gateway import Gateway
 from rlgate.core.generation import Prepared
 from rlgate.online.conversations import tenant_of
 from rlgate.online.feedback_source import FeedbackTail
 from rlgate.online.service import OnlineGateway
 from rlgate.online.training import OnlineTraining
-from rlgate.server.app import add_routes
 
 
 class _Collector:
@@ -41,14 +37,11 @@ class _Collector:
         return self.training.collect()
 
 
-def attach_online_training(app: FastAPI, training: OnlineTraining) -> FastAPI:
-    """Bind ``training`` to the app (see the module docstring); returns the app."""
-    gateway = app.state.gateway
-    online: Any = getattr(app.state, "online", None)
-    if not isinstance(online, OnlineGateway):
+def bind_online_training(gateway: Gateway, online: OnlineGateway | None, training: OnlineTraining) -> None:
+    """Bind ``training`` to the gateway and its online state (see the module docstring)."""
+    if online is None:
         raise ValueError("online training needs the online serving mode (create_app(..., online=OnlineConfig("
                          "online=True)), rlgate serve --online)")
-    app.state.online_training = training
     conversations = online.conversations
 
     def offered(p: Prepared) -> None:
@@ -64,18 +57,4 @@ def attach_online_training(app: FastAPI, training: OnlineTraining) -> FastAPI:
                                      bounds=(o.reward_low, o.reward_high))
     online.rights.notifier.on_delete(training.on_deletion)
     training.add_guards(gateway.metrics.guards)
-    add_routes(app, canary_routes.router)
     gateway.metrics.registry.register(_Collector(training))
-    inner = app.router.lifespan_context
-
-    @contextlib.asynccontextmanager
-    async def lifespan(a: Any) -> AsyncIterator[Any]:
-        async with inner(a) as state:
-            await training.start()
-            try:
-                yield state
-            finally:
-                await training.close()
-
-    app.router.lifespan_context = lifespan
-    return app

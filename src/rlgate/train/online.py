@@ -132,7 +132,7 @@ def build_online_training(model: Any, options: OnlineOptions, tokenizer: Any, *,
     none: no live groups). ``stop_token_ids``: where held-out replies end (default: the tokenizer's end of
     sequence). ``train_config``: the trainer's ``grpo:`` and ``train:`` sections (``--online-train-config``;
     default: ``rlgate train``'s defaults with ``options.lr``). ``training.engines`` is the engine to give
-    ``create_app``; then ``server/online_training.py: attach_online_training(app, training)``."""
+    ``create_app``, and ``training`` itself its ``online_training``."""
     import copy
 
     from rlgate.engine.local import LocalEngine

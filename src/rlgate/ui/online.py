@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from rlgate.api.app_state import online_state, online_training
 from rlgate.online.service import OnlineGateway
 from rlgate.ui.auth import is_viewer
 from rlgate.ui.escape import e
@@ -46,8 +47,10 @@ async def online_page(request: Request) -> Response:
     if not is_viewer(request):
         resp = RedirectResponse("/ui/login", status_code=303)
     else:
-        body = online_section(request.app.state.online)
-        training = getattr(request.app.state, "online_training", None)  # set by server/online_training.py
+        online = online_state(request.app)
+        assert online is not None  # this page is routed only in the online mode
+        body = online_section(online)
+        training = online_training(request.app)
         if training is not None:
             from rlgate.ui.online_training import training_section
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from rlgate.api.app_state import online_training
 from rlgate.api.auth import require_admin
 from rlgate.api.canary.protocol import CanaryActionRequest
 from rlgate.errors import Conflict, NotFound
@@ -33,8 +34,8 @@ def _conflict(exc: ValueError) -> Conflict:
 
 def _training(request: Request) -> OnlineTraining:
     require_admin(request)
-    training = getattr(request.app.state, "online_training", None)
-    if not isinstance(training, OnlineTraining):
+    training = online_training(request.app)
+    if training is None:
         raise NotFound("online training is off (rlgate serve --online with a trainer)", code="online_training_off")
     return training
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from rlgate.api.app_state import online_state
 from rlgate.api.auth import is_admin_request, tenant_from_request
 from rlgate.api.online.protocol import CreateTenantRequest, DeleteDataRequest, FeedbackRequest, RevokeTenantRequest
 from rlgate.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
@@ -32,7 +33,9 @@ router = APIRouter()
 
 
 def online(request: Request) -> OnlineGateway:
-    return request.app.state.online
+    state = online_state(request.app)
+    assert state is not None  # these routes are mounted only in the online mode
+    return state
 
 
 def caller(request: Request) -> Tenant | None:
