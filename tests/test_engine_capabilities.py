@@ -16,6 +16,7 @@ from rlgate.engine.capabilities import (
     DescribesBackends,
     HasModel,
     HasStats,
+    LoadsStateDict,
     Pausable,
     QueueWaitObservable,
     ServesAdapters,
@@ -26,7 +27,7 @@ from rlgate.engine.remote.sglang import SGLangEngine
 from rlgate.engine.remote.vllm import VLLMEngine
 
 ALL = (Pausable, VersionRestorable, HasStats, QueueWaitObservable, DescribesBackends, HasModel, ChecksWeights,
-       ServesAdapters)
+       ServesAdapters, LoadsStateDict)
 
 
 def capabilities(engine: object) -> set[str]:
@@ -49,7 +50,7 @@ def test_the_local_engine_has_stats_queue_times_and_its_model(tiny_model_dir):
 
     engine = LocalEngine(tiny_model_dir, device="cpu")
     assert capabilities(engine) == {"Pausable", "VersionRestorable", "HasStats", "QueueWaitObservable", "HasModel",
-                                    "ChecksWeights", "ServesAdapters"}
+                                    "ChecksWeights", "ServesAdapters", "LoadsStateDict"}
 
 
 class StatsEngine(FakeEngine):
@@ -92,3 +93,32 @@ async def test_a_restarted_replica_restores_the_version_through_the_protocol(tok
 
     with pytest.raises(RuntimeError, match="Plain cannot set its weight version to 3"):
         _restore_version(Plain(), 3)  # type: ignore[arg-type]
+
+
+async def test_the_two_slot_engine_of_online_training_is_in_the_metrics(asgi_client, tokenizer, stop_ids):
+    """Under --online-train the gateway serves a TwoSlotEngine: its slots' numbers, summed, are in /metrics,
+    and the queue-time histogram reaches both slots."""
+    from helpers import ADMIN_KEY
+    from rlgate.config import GatewayConfig
+    from rlgate.online.canary import Canary
+    from rlgate.online.options import OnlineOptions
+    from rlgate.online.versions import TwoSlotEngine
+    from rlgate.server.app import create_app
+    from rlgate.store.base import MemoryStore
+
+    slots = [StatsEngine(tokenizer), StatsEngine(tokenizer)]
+    engine = TwoSlotEngine(slots[0], slots[1], Canary(OnlineOptions()))
+    assert capabilities(engine) == {"HasStats", "QueueWaitObservable"}
+    app = create_app(GatewayConfig(admin_key=ADMIN_KEY), engine, MemoryStore(), tokenizer, stop_token_ids=stop_ids)
+    async with asgi_client(app) as c:
+        r = await c.get("/metrics", headers=admin_headers())
+        values = {s.name: s.value for f in text_string_to_metric_families(r.text) for s in f.samples}
+        assert values["rlgate_engine_running_requests"] == 6 and values["rlgate_engine_waiting_requests"] == 4
+        assert values["rlgate_engine_batch_occupancy"] == 6 / 16
+        assert slots[0].on_queue_wait is not None and slots[0].on_queue_wait is slots[1].on_queue_wait
+        slots[1].on_queue_wait(0.5)
+        r = await c.get("/metrics", headers=admin_headers())
+        values = {s.name: s.value for f in text_string_to_metric_families(r.text) for s in f.samples}
+        assert values["rlgate_queue_seconds_count"] == 1
+    plain = TwoSlotEngine(FakeEngine(tokenizer), FakeEngine(tokenizer), Canary(OnlineOptions()))
+    assert plain.stats() == {}  # fakes report nothing: /metrics shows 0 running, no occupancy

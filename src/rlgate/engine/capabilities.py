@@ -20,6 +20,11 @@ capability (what it gives)                                              fake  lo
   against the checkpoint's probe, engine/weight_check.py)
 :class:`ServesAdapters` (LoRA adapters on the base weights, loaded and     yes   yes    yes
   replaced at run time; a request names one: ``GenerateRequest.adapter``)
+:class:`LoadsStateDict` (``update_weights_from_state_dict``: weights from   -     yes    -
+  memory, no checkpoint on disk; the online trainer's candidates)
+
+The online mode's :class:`~rlgate.online.versions.TwoSlotEngine` (two engines behind one, stable and
+canary) has ``HasStats`` and ``QueueWaitObservable`` over its two slots.
 
 ``isinstance`` on a runtime-checkable protocol checks that the names exist, not their signatures:
 each engine module ends with a ``TYPE_CHECKING`` block that hands the engine to its capabilities,
@@ -34,9 +39,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from rlgate.engine.weight_check import WeightCheck
 
-__all__ = ["ChecksWeights", "DescribesBackends", "HasModel", "HasStats", "Pausable", "QueueWaitObservable",
-           "ServesAdapters",
-           "VersionRestorable"]
+__all__ = ["ChecksWeights", "DescribesBackends", "HasModel", "HasStats", "LoadsStateDict", "Pausable",
+           "QueueWaitObservable", "ServesAdapters", "VersionRestorable"]
 
 
 @runtime_checkable
@@ -75,6 +79,16 @@ class QueueWaitObservable(Protocol):
     Called on the engine's worker thread: it must be cheap and thread-safe."""
 
     on_queue_wait: Callable[[float], None] | None
+
+
+@runtime_checkable
+class LoadsStateDict(Protocol):
+    """The engine takes weights from memory (the local engine): the online trainer's candidates need no
+    checkpoint on disk each."""
+
+    async def update_weights_from_state_dict(self, state_dict: Mapping[str, Any]) -> int:
+        """Copy ``state_dict`` in between two decoding steps; return the new version."""
+        ...
 
 
 @runtime_checkable

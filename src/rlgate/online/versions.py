@@ -14,6 +14,10 @@ version names the weights that produced it whichever slot served it.
 on the slot holding that version. Promotion swaps the slots' roles (no copy); a rollback retires
 the canary slot. The next candidate loads into the slot that is not stable, once no active
 conversation is bound to the version it holds (``Canary.active_on``).
+
+Its capabilities (``engine/capabilities.py``): ``HasStats`` (the slots' batch numbers summed, so
+``/metrics`` shows the engine under ``--online-train`` too) and ``QueueWaitObservable`` (the gateway's
+queue-time histogram reaches both slots).
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from rlgate.engine.base import Engine, EngineError, GenerateRequest, GenerateResult, StreamingEngineMixin, TokenDelta
-from rlgate.engine.capabilities import VersionRestorable
+from rlgate.engine.capabilities import HasStats, QueueWaitObservable, VersionRestorable
 from rlgate.online.canary import Canary, Decision
 
 log = logging.getLogger("rlgate.online.versions")
@@ -45,6 +50,7 @@ class TwoSlotEngine(StreamingEngineMixin):
         self.key = key
         self._loading = asyncio.Lock()
         self._issued = canary.stable_version  # the newest version number handed out
+        self._on_queue_wait: Callable[[float], None] | None = None
         canary.listeners.append(self._on_decision)
 
     # ------------------------------------------------------------------ Engine
@@ -95,6 +101,27 @@ class TwoSlotEngine(StreamingEngineMixin):
                               "conversations: promote or roll back first (/rl/canary)", status=409, code="canary_busy")
         return version
 
+    def stats(self) -> dict[str, float]:
+        """The numbers of the slots that report them, summed (batch rows, waiting requests, capacity, decode
+        counters); empty when neither does (fake engines)."""
+        out: dict[str, float] = {}
+        for e in self.slots:
+            if isinstance(e, HasStats):
+                for k, v in e.stats().items():
+                    out[k] = out.get(k, 0) + v
+        return out
+
+    @property
+    def on_queue_wait(self) -> Callable[[float], None] | None:
+        return self._on_queue_wait
+
+    @on_queue_wait.setter
+    def on_queue_wait(self, observe: Callable[[float], None] | None) -> None:
+        self._on_queue_wait = observe
+        for e in self.slots:
+            if isinstance(e, QueueWaitObservable):
+                e.on_queue_wait = observe
+
     async def start(self) -> None:
         for e in self.slots:
             await e.start()
@@ -138,3 +165,8 @@ class TwoSlotEngine(StreamingEngineMixin):
     def _on_decision(self, d: Decision) -> None:
         if d.action == "rollback":
             log.info("version %d rolled back: its slot takes no new conversations", d.version)
+
+
+if TYPE_CHECKING:  # mypy checks that TwoSlotEngine has these capabilities (engine/capabilities.py)
+    def _capabilities(engine: TwoSlotEngine) -> tuple[Engine, HasStats, QueueWaitObservable]:
+        return engine, engine, engine

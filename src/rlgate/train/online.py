@@ -12,12 +12,13 @@ training thread before the next step (never under a step in flight).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from rlgate.engine.base import Engine
+from rlgate.engine.capabilities import LoadsStateDict
 from rlgate.online.canary import Canary, Decision
 from rlgate.online.groups import GroupScorer, LiveGroups, load_scorer
 from rlgate.online.options import OnlineOptions
@@ -30,14 +31,6 @@ from rlgate.train.policy import serving_state_dict, shape_policy
 from rlgate.trajectory.sample import Sample
 
 log = logging.getLogger("rlgate.train.online")
-
-
-@runtime_checkable
-class StateDictLoadable(Protocol):
-    """An engine that takes weights from memory (the local engine): no checkpoint on disk per candidate."""
-
-    async def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> int:
-        ...
 
 
 def _clone(state: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -100,7 +93,7 @@ class OnlinePolicy:
         state = _clone(serving_state_dict(self.trainer.model))
 
         async def load(engine: Engine) -> None:
-            if not isinstance(engine, StateDictLoadable):
+            if not isinstance(engine, LoadsStateDict):
                 raise TypeError(f"{type(engine).__name__} cannot load weights from memory: online training "
                                 "with it needs a checkpoint directory per candidate (not built yet)")
             await engine.update_weights_from_state_dict(state)

@@ -585,6 +585,7 @@ if TYPE_CHECKING:  # mypy checks that LocalEngine has these capabilities (engine
         ChecksWeights,
         HasModel,
         HasStats,
+        LoadsStateDict,
         Pausable,
         QueueWaitObservable,
         ServesAdapters,
@@ -593,5 +594,5 @@ if TYPE_CHECKING:  # mypy checks that LocalEngine has these capabilities (engine
 
     def _capabilities(engine: LocalEngine) -> tuple[Engine, Pausable, VersionRestorable, HasStats,
                                                     QueueWaitObservable, HasModel, ChecksWeights,
-                                                    ServesAdapters]:
-        return engine, engine, engine, engine, engine, engine, engine, engine
+                                                    ServesAdapters, LoadsStateDict]:
+        return engine, engine, engine, engine, engine, engine, engine, engine, engine
