@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from rlgate.rewards import Judge, JudgeError
-from rlgate.rollout.reward import FinishedEpisode
+from rlgate.trajectory.reward import FinishedEpisode
 from rlgate.trajectory.sample import Sample
 
 

@@ -10,7 +10,7 @@ from rlgate.engine.fake import FakeEngine
 from rlgate.online.groups import LiveGroup, LiveGroups, TokenBudget, scorer_of
 from rlgate.online.options import OnlineOptions
 from rlgate.trajectory.interaction import Interaction
-from rlgate.trajectory.sample import Sample
+from rlgate.trajectory.reward import FinishedEpisode
 
 
 def _interaction(tokenizer) -> Interaction:
@@ -39,8 +39,10 @@ def test_a_live_group_is_k_scored_replies_to_the_same_prompt(tokenizer) -> None:
         engine = FakeEngine(tokenizer, output_tokens=4)
         got: list[LiveGroup] = []
 
-        def shorter(s: Sample) -> float:  # a reward function: the scorer applies it to each reply
-            return -float(s.generated_tokens)
+        def shorter(episode: FinishedEpisode) -> float:  # the episode form: applied to each reply
+            assert len(episode.samples) == 1 and episode.data == {"messages": episode.samples[0].messages}
+            assert episode.final_text == episode.samples[0].output_text
+            return -float(episode.samples[0].generated_tokens)
 
         groups = LiveGroups(OnlineOptions(group_fraction=1.0, group_size=4, reward_low=-10.0), engine,
                             scorer_of(shorter), got.append, decode=tokenizer.decode)
@@ -88,7 +90,7 @@ def test_groups_are_shed_under_load_and_over_budget(tokenizer) -> None:
 
 def test_a_failing_scorer_costs_the_user_nothing(tokenizer) -> None:
     async def main() -> LiveGroups:
-        def broken(s: Sample) -> float:
+        def broken(episode: FinishedEpisode) -> float:
             raise RuntimeError("judge down")
 
         got: list[LiveGroup] = []

@@ -173,7 +173,7 @@ def _wired(tokenizer, stop_ids, redaction: str | None = None, **opts: object):
 
     trainer = OnlineTrainer(options, rec, publish)
     training = OnlineTraining(options, canary, engines, trainer, poll_interval=0.01)
-    training.groups = LiveGroups(options, engines, scorer_of(lambda s: float(len(s.output_text))), training.add_group,
+    training.groups = LiveGroups(options, engines, scorer_of(lambda e: float(len(e.final_text))), training.add_group,
                                  decode=tokenizer.decode)
     app = create_app(GatewayConfig(admin_key=ADMIN_KEY), engines, MemoryStore(), tokenizer, stop_token_ids=stop_ids,
                      online=OnlineConfig(online=True, redaction_hook=redaction), online_training=training)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
@@ -356,3 +357,78 @@ async def test_the_failure_streak_is_reported_as_it_reached_the_limit(make_app, 
                 await task
     assert str(err.value).startswith("2 episodes failed in a row (rollout.max_consecutive_failures = 2)")
     assert runner.counters.failed >= 2
+
+
+class ReplyAgent:
+    """One call; returns the reply's text (not a reward: a reward function scores the episode)."""
+
+    async def run(self, data, *, base_url, api_key, http_client=None):
+        from openai import AsyncOpenAI
+
+        async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as oai:
+            r = await oai.chat.completions.create(model="m", messages=[{"role": "user", "content": data["q"]}],
+                                                  max_tokens=8)
+        return r.choices[0].message.content
+
+
+class RankingReward:
+    """Both forms, as the LLM judge has them: a group is ranked side by side (its longest reply 1, the others
+    0); one episode alone gets 0.5."""
+
+    def __init__(self) -> None:
+        self.groups: list[list[str]] = []
+        self.single = 0
+
+    async def score_group(self, episodes):
+        texts = [e.final_text for e in episodes]
+        self.groups.append(texts)
+        best = max(range(len(texts)), key=lambda i: len(texts[i]))
+        return [1.0 if i == best else 0.0 for i in range(len(texts))]
+
+    def __call__(self, episode):
+        self.single += 1
+        return 0.5
+
+
+async def test_a_group_form_reward_scores_each_group_side_by_side(make_app, tokenizer):
+    """The one reward protocol (trajectory/reward.py): in GRPO groups the group form ranks the group's episodes
+    in one call; evaluation (one episode at a time) takes the episode form."""
+    replies = itertools.cycle(["a", "bbbbbbbb", "cc", "ddd", "eeee", "fffff", "ggggggggggg", "hhhhhh"])  # lengths differ
+    engine = FakeEngine(tokenizer, script=lambda req: next(replies))
+    reward = RankingReward()
+    with ServerThread(make_app(engine)) as url:
+        async with GatewayClient(url, ADMIN_KEY) as client:
+            runner = RolloutRunner(client, ReplyAgent(), group_size=4, concurrency=2, reward_fn=reward)
+            groups = [g async for g in runner.groups([("g0", {"q": "?"}), ("g1", {"q": "?"})])]
+            evaluated = await runner.evaluate([{"q": "?"}])
+            metrics = await client.metrics()
+    assert len(reward.groups) == 2 and all(len(texts) == 4 for texts in reward.groups)  # one call per group
+    for g in groups:
+        assert len(g.ok) == 4
+        by_text = {e.samples[0].output_text: e.reward for e in g.episodes}
+        longest = max(by_text, key=len)
+        assert by_text[longest] == 1.0 and sorted(by_text.values()) == [0.0, 0.0, 0.0, 1.0]
+        assert all(e.samples[0].reward == e.reward for e in g.episodes)  # the exported samples carry it
+    assert [e.reward for e in evaluated] == [0.5] and reward.single == 1
+    assert runner.counters.completed == 9 and runner.counters.failed == 0
+    assert metrics["open_sessions"] == 0
+
+
+async def test_a_group_form_reward_that_fails_loses_its_group_and_a_bad_value_stops_the_run(make_app, tokenizer):
+    class Down:
+        async def score_group(self, episodes):
+            raise RuntimeError("judge down")
+
+    class Wrong:
+        def score_group(self, episodes):
+            return [float("nan")] * len(episodes)
+
+    with ServerThread(make_app(FakeEngine(tokenizer))) as url:
+        async with GatewayClient(url, ADMIN_KEY) as client:
+            runner = RolloutRunner(client, ReplyAgent(), group_size=3, reward_fn=Down())
+            group = await runner.group("g", {"q": "?"})
+            assert not group.ok and all("judge down" in (e.error or "") for e in group.episodes)
+            assert runner.counters.failed == 3
+            with pytest.raises(AgentContractError, match="reward function"):
+                await RolloutRunner(client, ReplyAgent(), group_size=3, reward_fn=Wrong()).group("h", {"q": "?"})
+            assert (await client.metrics())["open_sessions"] == 0  # every session ended and dropped

@@ -17,6 +17,7 @@ Public surface (everything else is internal and may change)::
     Training
       TrainConfig, load_config, ConfigError               the run configuration (strict)
       GatewaySettings                                     its gateway: section (also the trl adapter's)
+      OnlineTrainConfig                                   its grpo: and train: sections for the online trainer
       run_training, Hooks, TrainRun, EvalResult,          the loop wiring `rlgate train` and the demo use
       Interrupt                                           (Interrupt: stop a run from another thread)
       GRPOTrainer, GRPOConfig, grpo_loop, LoopState,      the GRPO trainer and loop (import torch)
@@ -88,12 +89,13 @@ _WHERE = {
     "Allowance": "rlgate.rollout.runner",
     "Episode": "rlgate.rollout.runner",
     "Group": "rlgate.rollout.runner",
-    "FinishedEpisode": "rlgate.rollout.reward",
+    "FinishedEpisode": "rlgate.trajectory.reward",
     "AgentError": "rlgate.rollout.errors",
     "RunError": "rlgate.rollout.errors",
     "AgentContractError": "rlgate.rollout.errors",
     "TooManyFailures": "rlgate.rollout.errors",
     "TrainConfig": "rlgate.train.config",
+    "OnlineTrainConfig": "rlgate.train.config",
     "GatewaySettings": "rlgate.train.config",
     "GRPOConfig": "rlgate.train.config",
     "ConfigError": "rlgate.train.config",
@@ -143,6 +145,7 @@ __all__ = [
     "Store",
     "TooManyFailures",
     "TrainConfig",
+    "OnlineTrainConfig",
     "GatewaySettings",
     "TrainRun",
     "TrainingStalled",
@@ -174,13 +177,13 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names resolve throu
     from rlgate.engine.base import Engine
     from rlgate.rollout.agent import Agent
     from rlgate.rollout.errors import AgentContractError, AgentError, RunError, TooManyFailures
-    from rlgate.rollout.reward import FinishedEpisode
     from rlgate.rollout.runner import Allowance, Episode, Group, RolloutRunner
     from rlgate.server.app import create_app
     from rlgate.store import open_store
     from rlgate.store.base import Store
-    from rlgate.train.config import ConfigError, GRPOConfig, TrainConfig, load_config
+    from rlgate.train.config import ConfigError, GRPOConfig, OnlineTrainConfig, TrainConfig, load_config
     from rlgate.train.grpo import GRPOTrainer, LoopState, StepResult, TrainingStalled, grpo_loop
     from rlgate.train.run import EvalResult, Hooks, Interrupt, TrainRun, run_training
     from rlgate.train.sync import ColocatedSync, RemoteSync, WeightSync
+    from rlgate.trajectory.reward import FinishedEpisode
     from rlgate.trajectory.sample import Sample

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from rlgate.online.simulation import ShortAnswers, SimulatedUsers, Window
-from rlgate.trajectory.sample import Sample
+from rlgate.trajectory.reward import FinishedEpisode
 
 
 @dataclass
@@ -89,11 +89,10 @@ def _rate(w: Window) -> dict[str, float]:
     return {"approval": w.rate, "stderr": w.stderr, "n": float(w.n)}
 
 
-def length_reward(max_chars: int) -> Callable[[Sample], float]:
+def length_reward(max_chars: int) -> Callable[[FinishedEpisode], float]:
     """The operator's reward for live groups: shorter is better (a proxy; the users' rule is hidden)."""
-    def reward(sample: Sample) -> float:
-        text = (sample.output_message or {}).get("content") or ""
-        return -min(len(text), 4 * max_chars) / max_chars
+    def reward(episode: FinishedEpisode) -> float:
+        return -min(len(episode.final_text), 4 * max_chars) / max_chars
     return reward
 
 

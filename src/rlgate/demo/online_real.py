@@ -36,6 +36,7 @@ import httpx
 
 from rlgate.demo.number_users import JudgedWindow, NumberUsers, first_number_score
 from rlgate.online.options import OnlineOptions
+from rlgate.trajectory.reward import FinishedEpisode
 from rlgate.trajectory.sample import Sample
 
 
@@ -97,11 +98,10 @@ def _question(sample: Sample) -> str:
     return content if isinstance(content, str) else ""
 
 
-def proxy_reward(sample: Sample) -> float:
+def proxy_reward(episode: FinishedEpisode) -> float:
     """The live groups' reward (the operator's proxy, not the users' rule)."""
-    reply = (sample.output_message or {}).get("content") or ""
     try:
-        return first_number_score(_question(sample), reply)
+        return first_number_score(_question(episode.samples[-1]), episode.final_text)
     except ValueError:
         return -1.0
 

@@ -15,11 +15,13 @@ trainer a :class:`LiveGroup`: k samples of one prompt with rewards, a proper GRP
   back. **Shed first under load:** while the engine has more than ``group_shed_waiting``
   requests waiting for a batch row, no group starts. Every outcome is counted
   (:attr:`LiveGroups.counts`, ``rlgate_online_groups_total{outcome}`` in /metrics).
-* **Scoring.** ``group_reward`` names (operator configuration, loaded once at startup) either an
-  object with ``async score_group(episodes) -> list[float]`` (a judge scoring the replies side by
-  side, e.g. ``mypkg.rewards:judge`` holding ``Judge("http://judge:9000/v1", rubric=...)`` from
-  ``rlgate.rewards.judge``; each reply is handed over as a :class:`LiveEpisode`) or a function
-  ``(sample) -> float`` (or awaitable) applied to each reply. Scores are clipped to
+* **Scoring.** ``group_reward`` names (operator configuration, loaded once at startup) a reward
+  in rlgate's one protocol (``trajectory/reward.py``), the same as ``rlgate train``'s ``reward:``:
+  an object with ``score_group(episodes) -> list[float]`` (a judge scoring the replies side by side,
+  e.g. ``mypkg.rewards:judge`` holding ``Judge("http://judge:9000/v1", rubric=...)`` from
+  ``rlgate.rewards.judge``) or a function ``(episode) -> float`` applied to each reply (either may be
+  async). Each reply is a :class:`~rlgate.trajectory.reward.FinishedEpisode` whose one sample is the
+  reply, ``final_text`` its text and ``data`` ``{"messages": the prompt's messages}``. Scores are clipped to
   ``[reward_low, reward_high]`` (counted); a group with a non-finite score is dropped (outcome
   ``nonfinite_reward``, logged), so a broken judge cannot poison the trainer.
 """
@@ -43,6 +45,7 @@ from rlgate.object_spec import load_object
 from rlgate.online.options import OnlineOptions
 from rlgate.trajectory.export import individual_sample
 from rlgate.trajectory.interaction import Interaction
+from rlgate.trajectory.reward import FinishedEpisode, GroupReward, score_group
 from rlgate.trajectory.sample import Sample
 
 log = logging.getLogger("rlgate.online.groups")
@@ -52,7 +55,7 @@ OUTCOMES = ("started", "completed", "skipped_budget", "shed_load", "failed", "no
 
 class GroupScorer(Protocol):
     async def __call__(self, samples: list[Sample]) -> list[float]:
-        """One reward per sample, in order."""
+        """One reward per reply, in order."""
         ...
 
 
@@ -64,33 +67,17 @@ def load_scorer(path: str) -> GroupScorer:
     return scorer_of(obj)
 
 
-@dataclass
-class LiveEpisode:
-    """One reply of a live group as a judge reads an episode (``rewards/judge.py``: ``.samples``, ``.data``)."""
+def scorer_of(reward: Any) -> GroupScorer:
+    """The live groups' scorer for a reward of either form (``trajectory/reward.py``): the replies as
+    episodes, the group form when the reward has it, else the episode form on each reply."""
+    if not isinstance(reward, GroupReward) and not callable(reward):
+        raise TypeError(f"{reward!r} is neither a reward function (episode) -> float nor has score_group")
 
-    samples: list[Sample]  # the reply's one sample (its messages and output message)
-    data: dict[str, Any]  # {"messages": the prompt's messages}: the "task" a judge is shown
-
-
-def scorer_of(obj: Any) -> GroupScorer:
-    """A group scorer from a judge (an object with ``async score_group(episodes)``, e.g.
-    :class:`rlgate.rewards.judge.Judge`: each reply is handed over as a :class:`LiveEpisode`) or a
-    per-sample reward function."""
-    if hasattr(obj, "score_group"):
-        async def by_group(samples: list[Sample]) -> list[float]:
-            episodes = [LiveEpisode([s], {"messages": s.messages}) for s in samples]
-            return [float(x) for x in await obj.score_group(episodes)]
-        return by_group
-    if not callable(obj):
-        raise TypeError(f"{obj!r} is neither a reward function nor has score_group")
-
-    async def each(samples: list[Sample]) -> list[float]:
-        out = []
-        for s in samples:
-            r = obj(s)
-            out.append(float(await r if inspect.isawaitable(r) else r))
-        return out
-    return each
+    async def score(samples: list[Sample]) -> list[float]:
+        episodes = [FinishedEpisode({"messages": s.messages}, s.output_text, s.session_id, [s]) for s in samples]
+        out = await score_group(reward, episodes)
+        return [float(r[s.id]) if isinstance(r, dict) else float(r) for r, s in zip(out, samples, strict=True)]
+    return score
 
 
 @dataclass
@@ -239,4 +226,4 @@ class LiveGroups:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-__all__ = ["GroupScorer", "LiveEpisode", "LiveGroup", "LiveGroups", "TokenBudget", "load_scorer", "scorer_of"]
+__all__ = ["GroupScorer", "LiveGroup", "LiveGroups", "TokenBudget", "load_scorer", "scorer_of"]

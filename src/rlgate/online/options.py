@@ -34,7 +34,7 @@ class OnlineOptions:
     group_shed_waiting: int = option(0, "skip live groups while the engine has more than this many requests "
                                      "waiting for a batch row (user traffic first)")
     group_reward: str | None = option(None, "the reward of live groups: package.module:attribute, a function "
-                                      "(sample) -> float or awaitable, or an object with async score_group(episodes)"
+                                      "(episode) -> float or awaitable, or an object with score_group(episodes)"
                                       " (none: live groups are off)", metavar="PATH")
     # ---- continuous trainer
     train_batch: int = option(32, "rewarded samples (fresh ones, replay excluded) before a training step")

@@ -8,9 +8,12 @@ in [0, 1]::
     reward: rlgate.rewards.judge:Judge
     reward_kwargs: {base_url: http://127.0.0.1:9000/v1, model: judge, rubric: "1 if the answer is correct"}
 
-* **per episode** (``await judge(episode)``, what ``reward:`` calls): one request per episode;
-* **per group** (``await judge.score_group(episodes)``): the episodes of a GRPO group side by
-  side in one request, scored relative to each other (as ART's RULER does) — for your own loop.
+* **per group** (``await judge.score_group(episodes)``, the group form of the reward protocol,
+  ``trajectory/reward.py``): the episodes of a GRPO group side by side in one request, scored
+  relative to each other (as ART's RULER does) — what ``reward:`` uses for a training run's groups
+  and ``--group-reward`` for live groups;
+* **per episode** (``await judge(episode)``, the episode form): one request per episode — what an
+  evaluation (``rlgate check``, ``eval_dataset``) uses.
 
 The answer is read as JSON ``{"score": x, ...}`` (``{"scores": [...]}`` for a group), else the
 first number in the text; scores are clamped to [0, 1]. Identical requests are answered from a

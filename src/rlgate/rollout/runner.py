@@ -60,9 +60,9 @@ from rlgate.client.gateway import GatewayClient, GatewayClientError
 from rlgate.core.sessions import NOTHING_TO_REWARD
 from rlgate.rollout.agent import AgentResult, check_result, run_inline, run_subprocess
 from rlgate.rollout.errors import AgentError, RunError, TooManyFailures
-from rlgate.rollout.reward import FinishedEpisode, RewardFn, call_reward_fn
 from rlgate.rollout.starts import BatchedStarts
 from rlgate.trajectory.export import DEFAULT_EXPORT_STYLE, NO_DISCOUNT, ExportStyle
+from rlgate.trajectory.reward import FinishedEpisode, GroupReward, RewardFn, score_episode, score_group
 from rlgate.trajectory.sample import Sample
 
 log = logging.getLogger("rlgate.rollout")
@@ -94,6 +94,8 @@ class Episode:
     stats: dict[str, Any] = field(default_factory=dict)  # export stats (extend / fork counts...)
     seconds: float = 0.0
     exported: bool = False  # the session's export was taken (by the collector): nothing left to discard
+    finished: FinishedEpisode | None = None  # what the reward sees (with a reward function)
+    awaiting_group: Any = None  # its ended session, while a group-form reward waits for the group's others
 
     @property
     def reward(self) -> float | None:
@@ -266,7 +268,7 @@ class RolloutRunner:
                 await asyncio.sleep(delay)  # no capacity yet: the trainer grants more per version
                 delay = min(delay * 2, 0.5)
 
-    async def _play(self, ep: Episode, session: Any) -> None:
+    async def _play(self, ep: Episode, session: Any, *, in_group: bool = False) -> None:
         agent = self._agent_for(ep.group_id, ep.data)
         kwargs = dict(base_url=self.client.base_url, api_key=session.api_key, timeout=self.episode_timeout)
         if self.mode == "subprocess":
@@ -286,12 +288,23 @@ class RolloutRunner:
                 raise AgentError(NO_LLM_CALL)
             if self.reward_fn is not None:
                 seen = await session.export(style="individual", keep=True)
-                finished = FinishedEpisode(ep.data, ep.output, session.session_id,
-                                           [Sample.from_dict(d) for d in seen["interactions"]])
-                ep.result = check_result(await call_reward_fn(self.reward_fn, finished), self.reward_range,
+                ep.finished = FinishedEpisode(ep.data, ep.output, session.session_id,
+                                              [Sample.from_dict(d) for d in seen["interactions"]])
+                if in_group and isinstance(self.reward_fn, GroupReward):  # scored with the others: group()
+                    ep.awaiting_group = session
+                    return
+                ep.result = check_result(await score_episode(self.reward_fn, ep.finished), self.reward_range,
                                          source="reward function")
-            await _set_rewards(session, ep.result)  # an ended session: with the admin key
-            export = await session.export(style=self.export_style, discount=self.discount)
+            export = await self._rewarded_export(ep, session)
+        self._take(ep, export)
+
+    async def _rewarded_export(self, ep: Episode, session: Any) -> dict[str, Any]:
+        await _set_rewards(session, ep.result)  # an ended session: with the admin key
+        export: dict[str, Any] = await session.export(style=self.export_style, discount=self.discount)
+        return export
+
+    @staticmethod
+    def _take(ep: Episode, export: dict[str, Any]) -> None:
         ep.samples = [Sample.from_dict(d) for d in export["interactions"]]
         for s in ep.samples:
             s.group_id, s.episode = ep.group_id, ep.index
@@ -333,7 +346,10 @@ class RolloutRunner:
             raise refused
         return export
 
-    async def episode(self, group_id: str, index: int, data: dict[str, Any], *, admit: bool = True) -> Episode:
+    async def episode(self, group_id: str, index: int, data: dict[str, Any], *, admit: bool = True,
+                      in_group: bool = False) -> Episode:
+        """Play one episode. ``in_group`` (``group()``): a group-form reward function leaves it ended and
+        unrewarded (``awaiting_group``) for the group's scoring."""
         ep = Episode(group_id, index, data)
         if admit and self.allowance is not None:
             await self.allowance.acquire()
@@ -344,11 +360,9 @@ class RolloutRunner:
             try:
                 session = await self._start_session(f"{group_id}")
                 ep.session_id = session.session_id
-                await self._play(ep, session)
-                ep.ok = True
-                self.counters.completed += 1
-                self.counters.consecutive_failures = 0
-                self._stop = None  # the streak is broken
+                await self._play(ep, session, in_group=in_group)
+                if ep.awaiting_group is None:
+                    self._completed(ep)
             except RunError:  # a bug to report, not an episode to lose
                 await self._discard(session, ep)
                 raise
@@ -360,6 +374,12 @@ class RolloutRunner:
         if self._stop is not None:
             raise self._stop
         return ep
+
+    def _completed(self, ep: Episode) -> None:
+        ep.ok = True
+        self.counters.completed += 1
+        self.counters.consecutive_failures = 0
+        self._stop = None  # the streak is broken
 
     def _failed(self, ep: Episode, exc: BaseException) -> None:
         """Count a failed episode; the first one of the run is logged with its full traceback."""
@@ -409,9 +429,43 @@ class RolloutRunner:
     # ------------------------------------------------------------------ groups
 
     async def group(self, group_id: str, data: dict[str, Any], *, admit: bool = True) -> Group:
-        episodes = await _gather_all_or_none([self.episode(group_id, i, data, admit=admit)
+        episodes = await _gather_all_or_none([self.episode(group_id, i, data, admit=admit, in_group=True)
                                               for i in range(self.group_size)])
+        await self._score_group([e for e in episodes if e.awaiting_group is not None])
+        if self._stop is not None:
+            raise self._stop
         return Group(group_id, data, episodes)
+
+    async def _score_group(self, waiting: list[Episode]) -> None:
+        """A group-form reward scores the group's played episodes side by side (trajectory/reward.py); each
+        is then rewarded and exported. A reward that fails fails them all, as it fails one episode."""
+        if not waiting:
+            return
+        try:
+            rewards = await score_group(self.reward_fn, [e.finished for e in waiting if e.finished is not None])
+        except RunError:
+            for e in waiting:
+                await self._discard(e.awaiting_group, e)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed reward loses these episodes, as in _play
+            for e in waiting:
+                self._failed(e, exc)
+                await self._discard(e.awaiting_group, e)
+                e.awaiting_group = None
+            return
+        for k, (e, reward) in enumerate(zip(waiting, rewards, strict=True)):
+            session, e.awaiting_group = e.awaiting_group, None
+            try:
+                e.result = check_result(reward, self.reward_range, source="reward function")
+                self._take(e, await self._rewarded_export(e, session))
+                self._completed(e)
+            except RunError:  # a bug to report: the group's other sessions are discarded too
+                for other in [e, *waiting[k + 1:]]:
+                    await self._discard(session if other is e else other.awaiting_group, other)
+                raise
+            except Exception as exc:  # noqa: BLE001 - a failure loses only this episode
+                self._failed(e, exc)
+                await self._discard(session, e)
 
     async def groups(self, items: Iterable[tuple[str, dict[str, Any]]], *, max_groups_in_flight: int = 64
                      ) -> AsyncIterator[Group]:

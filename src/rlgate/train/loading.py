@@ -19,6 +19,7 @@ from rlgate.object_spec import ObjectSpecError, exception_text, load_object
 from rlgate.rollout.agent import CONTRACT, validate_agent
 from rlgate.rollout.errors import RunError
 from rlgate.train.config import ConfigError, DatasetSource
+from rlgate.trajectory.reward import GroupReward
 
 
 class _FunctionAgent:
@@ -56,7 +57,8 @@ def load_agent(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
 
 
 def load_reward_fn(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
-    """The reward function named by ``spec``: called as ``fn(episode)`` (a class is built with ``kwargs``)."""
+    """The reward named by ``spec`` (a class is built with ``kwargs``): a function ``fn(episode)``, or an object
+    with ``score_group(episodes)``, or both (trajectory/reward.py)."""
     obj = import_object(spec, "reward")
     if isinstance(obj, type):
         try:
@@ -65,8 +67,11 @@ def load_reward_fn(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
             raise ConfigError(f"reward_kwargs: building {spec} failed: {exc}") from None
     elif kwargs:
         raise ConfigError(f"reward_kwargs: {spec} is not a class, so reward_kwargs cannot be applied")
+    if isinstance(obj, GroupReward) and not callable(obj):
+        return obj  # the group form only: GRPO groups are scored side by side, evaluation in groups of one
     if not callable(obj):
-        raise ConfigError(f"reward: {spec} is a {type(obj).__name__}, not a function fn(episode) -> float")
+        raise ConfigError(f"reward: {spec} is a {type(obj).__name__}, not a function fn(episode) -> float "
+                          "nor an object with score_group(episodes) -> list[float]")
     try:
         inspect.signature(obj).bind(object())
     except TypeError as exc:
