@@ -66,14 +66,14 @@ def test_a_step_waits_for_a_batch_then_trains_groups_and_feedback() -> None:
 
 
 def test_feedback_on_the_same_prompt_forms_a_group() -> None:
-    samples, gids = OnlineTrainer.flatten([])
-    assert samples == [] and gids == []
     now = [0.0]
     t, _ = _trainer(now)
+    empty = t.batch_of([])
+    assert empty.samples == [] and empty.group_ids == [] and empty.metrics()["samples"] == 0
     for i, p in enumerate([(1,), (1,), (2,)]):
         t.add_feedback(_sample(f"f{i}", 1.0, prompt=p), f"c{i}", None, now[0])
-    samples, gids = OnlineTrainer.flatten(list(t.pending))
-    assert gids == ["feedback-prompt-0", "feedback-prompt-0"]  # the lone one has no baseline: left out
+    batch = t.batch_of(list(t.pending))
+    assert batch.group_ids == ["feedback-prompt-0", "feedback-prompt-0"]  # the lone one has no baseline: left out
     with pytest.raises(ValueError, match="no reward"):
         t.add_feedback(Sample(id="x", input_ids=[1], loss_mask=[1], logprobs=[0.0], versions=[0], reward=None), "c", None, 0)
 

@@ -18,6 +18,7 @@ from rlgate.rollout.runner import Episode, Group, RolloutRunner
 from rlgate.server.runner import ServerThread
 from rlgate.train.grpo import GRPOConfig, GRPOTrainer, LoopState, StepStats, filter_group, grpo_loop
 from rlgate.train.sync import ColocatedSync, RemoteSync
+from rlgate.trajectory.batch import StepBatch
 from rlgate.trajectory.sample import Sample
 
 
@@ -118,12 +119,17 @@ def test_filter_group_drops_and_counts_stale_samples():
     g = Group("g", {}, [_episode("g", 0, [5, 5]), _episode("g", 1, [3, 4]), _episode("g", 2, [4, 5]),
                         _episode("g", 3, [5], ok=False)])
     stats = StepStats()
-    samples, gids = filter_group(g, version=5, max_staleness=1, stats=stats)
-    assert len(samples) == 2 and gids == ["g", "g"]
+    batch = StepBatch()
+    assert filter_group(g, version=5, max_staleness=1, stats=stats, batch=batch)
+    assert len(batch.samples) == 2 and batch.group_ids == ["g", "g"]
     assert stats.dropped_stale == 1 and stats.failed_episodes == 1 and stats.kept_groups == 1
+    # the step's staleness (trajectory/batch.py): the kept episodes lag 0 and 1 versions
+    m = batch.metrics()
+    assert (m["staleness_versions_mean"], m["staleness_versions_max"], m["groups"]) == (0.5, 1.0, 1.0)
     stats0 = StepStats()
-    samples0, _ = filter_group(g, version=5, max_staleness=0, stats=stats0)
-    assert samples0 == [] and stats0.dropped_stale == 2 and stats0.dropped_groups == 1
+    batch0 = StepBatch()
+    assert not filter_group(g, version=5, max_staleness=0, stats=stats0, batch=batch0)
+    assert batch0.samples == [] and stats0.dropped_stale == 2 and stats0.dropped_groups == 1
 
 
 @pytest.mark.slow
@@ -207,12 +213,15 @@ def test_filter_group_leaves_out_unrewarded_samples():
     a, b = _episode("g", 0, [1]), _episode("g", 1, [1])
     b.samples.append(_sample([1], None))  # a side request
     stats = StepStats()
-    samples, _ = filter_group(Group("g", {}, [a, b]), version=1, max_staleness=0, stats=stats)
-    assert len(samples) == 2 and all(s.reward is not None for s in samples) and stats.unrewarded == 1
+    batch = StepBatch()
+    assert filter_group(Group("g", {}, [a, b]), version=1, max_staleness=0, stats=stats, batch=batch)
+    assert len(batch.samples) == 2 and all(s.reward is not None for s in batch.samples) and stats.unrewarded == 1
     # a group with nothing rewarded is dropped, not trained on as reward 0
     c, d = _episode("g", 0, [1], reward=None), _episode("g", 1, [1], reward=None)
     stats = StepStats()
-    assert filter_group(Group("g", {}, [c, d]), version=1, max_staleness=0, stats=stats) == ([], [])
+    batch = StepBatch()
+    assert not filter_group(Group("g", {}, [c, d]), version=1, max_staleness=0, stats=stats, batch=batch)
+    assert batch.samples == []
     assert stats.dropped_groups == 1 and stats.kept_groups == 0
 
 

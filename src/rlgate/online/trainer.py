@@ -51,6 +51,7 @@ from typing import Any, Literal, Protocol
 from rlgate.online.groups import LiveGroup
 from rlgate.online.options import OnlineOptions
 from rlgate.supervised import forever
+from rlgate.trajectory.batch import StepBatch, lag
 from rlgate.trajectory.sample import Sample
 
 log = logging.getLogger("rlgate.online.trainer")
@@ -203,8 +204,7 @@ class OnlineTrainer:
         return self.version + 1 if self.dirty else self.version
 
     def _lag(self, u: Unit) -> int:
-        oldest = [v for v in (s.min_version for s in u.samples) if v is not None]
-        return self.current_version - min(oldest) if oldest else 0
+        return lag(u.samples, self.current_version)
 
     def _fresh(self, u: Unit, now: float, *, count: bool) -> bool:
         if self._lag(u) > self.options.max_staleness_versions:
@@ -268,31 +268,30 @@ class OnlineTrainer:
         self.pending.extend(kept)
         return fresh
 
-    @staticmethod
-    def flatten(units: list[Unit]) -> tuple[list[Sample], list[str]]:
-        """Samples and their GRPO group ids (see the module docstring: groups, prompt groups, batch baseline)."""
-        samples: list[Sample] = []
-        gids: list[str] = []
-        by_prompt: dict[tuple[int, ...], list[Sample]] = {}
+    def batch_of(self, units: list[Unit]) -> StepBatch:
+        """The step's batch (trajectory/batch.py): samples, their GRPO group ids (see the module docstring:
+        groups, prompt groups, batch baseline), each unit's lag and age."""
+        now = self.clock()
+        batch = StepBatch()
+        by_prompt: dict[tuple[int, ...], list[tuple[Unit, Sample]]] = {}
         for u in units:
             if u.kind == "group":
-                samples += u.samples
-                gids += [u.group_id] * len(u.samples)
+                batch.add(u.samples, u.group_id, lag=self._lag(u), age_hours=(now - u.generated_at) / 3600)
                 continue
             for s in u.samples:
                 prompt = tuple(t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if not m)
-                by_prompt.setdefault(prompt, []).append(s)
-        rest: list[Sample] = []
+                by_prompt.setdefault(prompt, []).append((u, s))
+        rest: list[tuple[Unit, Sample]] = []
         for k, (_, group) in enumerate(by_prompt.items()):
             if len(group) > 1:
-                samples += group
-                gids += [f"feedback-prompt-{k}"] * len(group)
+                for u, s in group:
+                    batch.add([s], f"feedback-prompt-{k}", lag=self._lag(u), age_hours=(now - u.generated_at) / 3600)
             else:
                 rest += group
         if len(rest) > 1:
-            samples += rest
-            gids += ["feedback-batch"] * len(rest)
-        return samples, gids
+            for u, s in rest:
+                batch.add([s], "feedback-batch", lag=self._lag(u), age_hours=(now - u.generated_at) / 3600)
+        return batch
 
     # ------------------------------------------------------------------ the loop
 
@@ -302,10 +301,8 @@ class OnlineTrainer:
         if batch is None:
             return None
         fresh, replayed = batch
-        samples, gids = self.flatten(fresh + replayed)
-        now = self.clock()
-        lags = [self._lag(u) for u in fresh + replayed]
-        ages = [(now - u.generated_at) / 3600 for u in fresh + replayed]
+        step = self.batch_of(fresh + replayed)
+        samples, gids = step.samples, step.group_ids
         version = self.current_version
         metrics: dict[str, float] = {}
         self._running, self._doomed = fresh, set()  # (replayed units stay in the replay buffer meanwhile)
@@ -333,10 +330,9 @@ class OnlineTrainer:
             self._running, self._doomed = [], set()
         while sum(len(u.samples) for u in self.replay) > self.options.replay_capacity:
             self.replay.popleft()
-        rewards = [s.reward for s in samples if s.reward is not None]
-        metrics.update({"staleness_versions_mean": sum(lags) / len(lags), "staleness_versions_max": float(max(lags)),
-                        "staleness_hours_mean": sum(ages) / len(ages), "staleness_hours_max": max(ages),
-                        "reward_mean": sum(rewards) / max(len(rewards), 1), "trained_version": float(version)})
+        # a step of lone feedback turns trains on nothing: its staleness reads 0
+        metrics.update({"staleness_hours_mean": 0.0, "staleness_hours_max": 0.0, **step.metrics(),
+                        "trained_version": float(version)})
         self.last_step = metrics
         await self.try_publish()
         return metrics

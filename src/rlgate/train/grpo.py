@@ -54,6 +54,7 @@ from rlgate.train.config import GRPOConfig
 from rlgate.train.forward import PolicyForward, can_share, plan_chunks
 from rlgate.train.loss import group_advantages, kl_penalty, policy_loss
 from rlgate.train.sync import WeightSync
+from rlgate.trajectory.batch import StepBatch, lag
 from rlgate.trajectory.export import to_padded_tensors
 from rlgate.trajectory.sample import Sample
 
@@ -282,49 +283,51 @@ class LoopState:
     unreported: StepResult | None = None
 
 
-def filter_group(group: Group, version: int, max_staleness: int, stats: StepStats, *, resample: bool = False
-                 ) -> tuple[list[Sample], list[str]]:
-    """Samples of a group's good, fresh-enough episodes (+ their group ids). ``resample``: a group whose
-    samples all earned the same reward (no learning signal) is set aside (``stats.resampled_groups``)."""
+def filter_group(group: Group, version: int, max_staleness: int, stats: StepStats, batch: StepBatch, *,
+                 resample: bool = False) -> bool:
+    """Add the samples of a group's good, fresh-enough episodes to ``batch`` (under the group's id, each
+    episode with its lag); False when the group was left out. ``resample``: a group whose samples all
+    earned the same reward (no learning signal) is set aside (``stats.resampled_groups``)."""
     episodes = []
+    lags = []
     for e in group.episodes:
         if not e.ok:
             stats.failed_episodes += 1
             continue
-        versions = [s.min_version for s in e.samples]
-        oldest = min((v for v in versions if v is not None), default=version)
-        if version - oldest > max_staleness:
+        behind = lag(e.samples, version)
+        if behind > max_staleness:
             stats.dropped_stale += len(e.samples)
             continue
         episodes.append(e)
-    samples: list[Sample] = []
-    gids: list[str] = []
+        lags.append(behind)
+    rewarded: list[list[Sample]] = []
     rewards: list[float] = []
     unrewarded = tokens = 0
     for e in episodes:
         rewards.append(e.reward or 0.0)
         tokens += e.generated_tokens
-        for s in e.samples:
-            if s.reward is None:  # not on a rewarded branch: no signal to learn from
-                unrewarded += 1
-                continue
-            samples.append(s)
-            gids.append(group.group_id)
+        kept = [s for s in e.samples if s.reward is not None]  # off a rewarded branch: no signal to learn from
+        unrewarded += len(e.samples) - len(kept)
+        rewarded.append(kept)
     stats.unrewarded += unrewarded
     stats.all_rewards += rewards
+    samples = [s for kept in rewarded for s in kept]
     if resample and len(episodes) >= 2 and len({smp.reward for smp in samples}) == 1:
         stats.resampled_groups += 1
-        return [], []
+        return False
     if len(episodes) < 2 or not samples:
         stats.dropped_groups += 1
         stats.drop_reasons.append(
             f"{group.group_id}: {len(group.episodes) - len(group.ok)} failed, "
             f"{len(group.ok) - len(episodes)} stale, {unrewarded} unrewarded samples")
-        return [], []
+        return False
+    for kept, behind in zip(rewarded, lags, strict=True):
+        if kept:
+            batch.add(kept, group.group_id, lag=behind)
     stats.kept_groups += 1
     stats.episode_rewards += rewards
     stats.generated_tokens += tokens
-    return samples, gids
+    return True
 
 
 async def _next_group(queue: asyncio.Queue[Group], producer: asyncio.Task[None]) -> Group:
@@ -423,30 +426,28 @@ async def grpo_loop(
             t0 = time.perf_counter()
             # ------------------------------------------------------------ 1. collect groups
             stats = StepStats()
-            samples: list[Sample] = []
-            group_ids: list[str] = []
+            batch = StepBatch()
             while stats.kept_groups < cfg.groups_per_step:
                 group = await _next_group(queue, producer)
                 resampled = stats.resampled_groups
-                s, g = filter_group(group, state.version, cfg.max_staleness, stats,
+                kept = filter_group(group, state.version, cfg.max_staleness, stats, batch,
                                     resample=cfg.dynamic_sampling and resampled < resample_cap)
-                samples += s
-                group_ids += g
                 if stats.resampled_groups > resampled:  # no signal: played again with a fresh group
                     await runner.client.grant_capacity(runner.group_size)
                     await allowance.grant(runner.group_size)
                     continue
-                dropped_in_a_row = 0 if s else dropped_in_a_row + 1
+                dropped_in_a_row = 0 if kept else dropped_in_a_row + 1
                 if cfg.max_dropped_groups_in_a_row and dropped_in_a_row >= cfg.max_dropped_groups_in_a_row:
                     raise TrainingStalled(
                         f"{dropped_in_a_row} groups in a row were dropped (grpo.max_dropped_groups_in_a_row); "
                         "a group needs 2 successful, fresh episodes with rewarded samples. Last ones: "
                         + "; ".join(stats.drop_reasons[-3:]))
                 # a dropped group is replaced whole; otherwise only its failed episodes
-                replace = runner.group_size if not s else sum(1 for e in group.episodes if not e.ok)
+                replace = runner.group_size if not kept else sum(1 for e in group.episodes if not e.ok)
                 if replace:  # dropped episodes do not count against the allowance
                     await runner.client.grant_capacity(replace)
                     await allowance.grant(replace)
+            samples = batch.samples
             for sample in samples:
                 sample.step = state.step + 1
                 sample.train_version = state.version  # what the viewer judges staleness against
@@ -454,10 +455,10 @@ async def grpo_loop(
             # ------------------------------------------------------------ 2-4. optimise
             t1 = time.perf_counter()
             try:
-                metrics = await _train_step(loop, train_thread, trainer, samples, group_ids, state.version)
+                metrics = await _train_step(loop, train_thread, trainer, samples, batch.group_ids, state.version)
             except _CancelledAfterStep as done:  # the update was applied: the weights are those of this step
                 state.step += 1
-                _finish_metrics(done.metrics, state, stats, t0, t_rollout, time.perf_counter() - t1, 0.0)
+                _finish_metrics(done.metrics, state, stats, batch, t0, t_rollout, time.perf_counter() - t1, 0.0)
                 state.history.append(done.metrics)
                 state.unreported = StepResult(done.metrics, samples)
                 raise asyncio.CancelledError from None
@@ -472,11 +473,11 @@ async def grpo_loop(
                 await runner.client.grant_capacity(episodes_per_step)
                 await allowance.grant(episodes_per_step)
             except asyncio.CancelledError:  # stopped after the update: the step is kept, as above
-                _finish_metrics(metrics, state, stats, t0, t_rollout, t_train, time.perf_counter() - t2)
+                _finish_metrics(metrics, state, stats, batch, t0, t_rollout, t_train, time.perf_counter() - t2)
                 state.history.append(metrics)
                 state.unreported = StepResult(metrics, samples)
                 raise
-            _finish_metrics(metrics, state, stats, t0, t_rollout, t_train, t_sync)
+            _finish_metrics(metrics, state, stats, batch, t0, t_rollout, t_train, t_sync)
             state.history.append(metrics)
             if on_step is not None:
                 out = on_step(state, StepResult(metrics, samples))
@@ -489,9 +490,11 @@ async def grpo_loop(
     return state
 
 
-def _finish_metrics(metrics: dict[str, float], state: LoopState, stats: StepStats, t0: float, t_rollout: float,
-                    t_train: float, t_sync: float) -> None:
-    """Add the loop's own numbers to a finished step's ``metrics`` (the trainer's)."""
+def _finish_metrics(metrics: dict[str, float], state: LoopState, stats: StepStats, batch: StepBatch, t0: float,
+                    t_rollout: float, t_train: float, t_sync: float) -> None:
+    """Add the loop's own numbers to a finished step's ``metrics`` (the trainer's), and the batch's
+    (trajectory/batch.py: staleness, mean sample reward) that the trainer's do not have."""
+    metrics.update({k: v for k, v in batch.metrics().items() if k not in metrics})
     rewards = stats.episode_rewards
     metrics.update({
         "step": float(state.step),
