@@ -97,10 +97,8 @@ async def serving(directory: Path, requests: int, rounds: int) -> dict[str, list
     return out
 
 
-def deletes(directory: Path, sessions: int, secure: bool) -> float:
-    """ms per deleted session (5 turns of 600 prompt tokens each), flushed."""
-    store = SQLiteStore(directory / f"d-{secure}.sqlite")
-    store._commits.conn.execute(f"PRAGMA secure_delete={'ON' if secure else 'OFF'}")
+def _fill(store: SQLiteStore, sessions: int) -> None:
+    """``sessions`` sessions of 5 turns of 600 prompt tokens each, flushed."""
     for s in range(sessions):
         store.save_session(Session(id=f"s{s}", task_id="t", key_hash="0" * 64))
         parent = None
@@ -111,6 +109,13 @@ def deletes(directory: Path, sessions: int, secure: bool) -> float:
             store.save_interaction(i)
             parent = i.id
     store.flush()
+
+
+def deletes(directory: Path, sessions: int, secure: bool) -> float:
+    """ms per deleted session (5 turns of 600 prompt tokens each), flushed."""
+    store = SQLiteStore(directory / f"d-{secure}.sqlite")
+    store._commits.conn.execute(f"PRAGMA secure_delete={'ON' if secure else 'OFF'}")
+    _fill(store, sessions)
     t0 = time.perf_counter()
     for s in range(sessions):
         store.delete_session(f"s{s}")
@@ -125,16 +130,7 @@ def deletion_requests(directory: Path, sessions: int, forget: bool) -> tuple[flo
     (flush), then - with ``forget`` - the WAL checkpointed and truncated (``forget_deleted``); and the longest
     time a truncation held the write connection (a commit on the event loop meanwhile waits that long)."""
     store = SQLiteStore(directory / f"f-{forget}.sqlite")
-    for s in range(sessions):
-        store.save_session(Session(id=f"s{s}", task_id="t", key_hash="0" * 64))
-        parent = None
-        for t in range(5):
-            i = Interaction(id=f"s{s}-{t}", session_id=f"s{s}", api="chat", messages=[], tools=[],
-                            prompt_ids=list(range(600 * (t + 1))), parent_id=parent, status="completed",
-                            output_ids=list(range(40)), output_logprobs=[0.0] * 40, output_versions=[0] * 40)
-            store.save_interaction(i)
-            parent = i.id
-    store.flush()
+    _fill(store, sessions)
     longest = 0.0
     t0 = time.perf_counter()
     for s in range(sessions):

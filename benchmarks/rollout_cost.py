@@ -47,7 +47,7 @@ VARIANTS: dict[str, tuple[bool, bool, bool, int | None]] = {
 
 async def run(out: Path, rounds: int, variants: list[str]) -> None:
     from rlgate.train.config import TrainConfig
-    from rlgate.train.gateway import engine_threads, open_gateway
+    from rlgate.train.gateway import GatewayPlan, engine_threads, open_gateway
     from rlgate.train.loading import load_agent
     from rlgate.train.run import make_runner
 
@@ -60,7 +60,7 @@ async def run(out: Path, rounds: int, variants: list[str]) -> None:
         "agent_kwargs": {"model": "policy", "max_tokens": s["max_tokens"]},
         "rollout": {"group_size": s["group_size"], "concurrency": n, "seed": 0},
     })
-    gw = await open_gateway(cfg, model_dir, model_dir)
+    gw = await open_gateway(GatewayPlan.of(cfg), model_dir, model_dir)
     engine = gw.sync.engine
     default_threads = engine_threads(None) or torch.get_num_threads()
     runner = make_runner(cfg, gw.client, load_agent(cfg.agent, cfg.agent_kwargs), None)

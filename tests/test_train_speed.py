@@ -81,7 +81,7 @@ async def test_the_rollout_levers_are_run_settings(tiny_model_dir, tmp_path):
     """``rollout.batch_starts`` / ``rollout.fused_finish`` reach the runner, ``gateway.engine_threads``
     the in-process engine (default on the CPU: all cores but one)."""
     from rlgate.train.config import TrainConfig
-    from rlgate.train.gateway import open_gateway
+    from rlgate.train.gateway import GatewayPlan, open_gateway
     from rlgate.train.run import make_runner
 
     def cfg(**sections):
@@ -94,7 +94,7 @@ async def test_the_rollout_levers_are_run_settings(tiny_model_dir, tmp_path):
     assert not off.batch_starts and not off.fused_finish
     for threads, expected in ((None, max(1, torch.get_num_threads() - 1)), (3, 3)):
         c = cfg(gateway={"device": "cpu", "engine_threads": threads})
-        gw = await open_gateway(c, tiny_model_dir, tiny_model_dir)
+        gw = await open_gateway(GatewayPlan.of(c), tiny_model_dir, tiny_model_dir)
         try:
             assert gw.sync.engine.threads == expected
         finally:

@@ -111,6 +111,45 @@ async def served_probe(url: str, ids: list[int]) -> list[float]:
 # --------------------------------------------------------------------------- the contract
 
 
+async def stream_in_flight(c: httpx.AsyncClient, task_id: str, *, max_tokens: int, seed: int, tokens: int
+                           ) -> tuple[str, str, asyncio.Task[None], list[str]]:
+    """A new session's streamed chat completion, running once its first ``tokens`` content events arrived:
+    (the session id and key, the task reading the stream, the SSE lines read so far)."""
+    r = await c.post("/rl/start_session", json={"task_id": task_id}, headers=admin_headers())
+    sid, key = r.json()["session_id"], r.json()["api_key"]
+    got: list[str] = []
+
+    async def stream() -> None:
+        async with c.stream("POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                            json={"messages": [{"role": "user", "content": "Tell me a story."}],
+                                  "max_tokens": max_tokens, "stream": True, "seed": seed}) as s:
+            async for line in s.aiter_lines():
+                if line:
+                    got.append(line)
+
+    task = asyncio.create_task(stream())
+    await eventually(lambda: sum('"content"' in line for line in got) >= tokens, what="the first tokens")
+    return sid, key, task, got
+
+
+async def each_token_from_its_version(c: httpx.AsyncClient, sid: str, key: str, task: asyncio.Task[None],
+                                      got: list[str], before: Any, after: Any) -> None:
+    """The stream (``stream_in_flight``) ends cleanly across a weight update from version 0 to 1, and each of its
+    recorded tokens carries the logprob the weights its version names give it (``before``, ``after``)."""
+    await task
+    assert got[-1] == "data: [DONE]" and not any('"error"' in line for line in got)
+    await c.post("/rl/end_session", headers={"Authorization": f"Bearer {key}"})
+    (sample,) = (await c.post("/export_trajectories", json={"session_id": sid},
+                              headers=admin_headers())).json()["interactions"]
+    gen = [k for k, m in enumerate(sample["loss_mask"]) if m]
+    versions = [sample["versions"][k] for k in gen]
+    assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions), versions
+    ids, lps = sample["input_ids"], sample["logprobs"]
+    old, new = teacher_forced(before, ids), teacher_forced(after, ids)
+    for k, v in zip(gen, versions, strict=True):
+        assert abs(lps[k] - (old if v == 0 else new)[k - 1]) <= TOL, (k, v)
+
+
 def test_the_live_server_answers_as_recorded(real_vllm, served_checkpoints):
     recorded = json.loads((Path(__file__).parent / "data" / "vllm_contract.json").read_text())
     live = record(real_vllm.url, launch=str(served_checkpoints["base"]))  # its reload keeps the launch policy
@@ -254,38 +293,14 @@ async def test_weight_updates_serve_exactly_the_pushed_checkpoint_and_a_mix_is_c
                 assert max(abs(a - b) for a, b in zip(served, base_probe, strict=True)) <= TOL  # rolled back
 
                 # 2. saved for serving, pushed while a stream is in flight: exact, and the stream goes on
-                r = await c.post("/rl/start_session", json={"task_id": "update"}, headers=admin_headers())
-                sid, key = r.json()["session_id"], r.json()["api_key"]
-                got: list[str] = []
-
-                async def stream() -> None:
-                    async with c.stream("POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                                        json={"messages": [{"role": "user", "content": "Tell me a story."}],
-                                              "max_tokens": 32, "stream": True, "seed": 3}) as s:
-                        async for line in s.aiter_lines():
-                            if line:
-                                got.append(line)
-
-                task = asyncio.create_task(stream())
-                await eventually(lambda: sum('"content"' in line for line in got) >= 4, what="the first tokens")
+                sid, key, task, got = await stream_in_flight(c, "update", max_tokens=32, seed=3, tokens=4)
                 t0 = time.perf_counter()
                 r = await update(ck["changed"])
                 update_s = time.perf_counter() - t0
                 assert r.status_code == 200 and r.json()["version"] == 1, r.text
                 check = r.json()["weight_check"]
                 assert check["result"] == "pass" and check["max_diff"] <= TOL, check
-                await task
-                assert not any('"error"' in line for line in got) and got[-1] == "data: [DONE]"
-                await c.post("/rl/end_session", headers={"Authorization": f"Bearer {key}"})
-                (sample,) = (await c.post("/export_trajectories", json={"session_id": sid},
-                                          headers=admin_headers())).json()["interactions"]
-                gen = [k for k, m in enumerate(sample["loss_mask"]) if m]
-                versions = [sample["versions"][k] for k in gen]
-                assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions), versions
-                ids, lps = sample["input_ids"], sample["logprobs"]
-                old, new = teacher_forced(smol, ids), teacher_forced(changed_model, ids)
-                for k, v in zip(gen, versions, strict=True):  # each token from the weights its version names
-                    assert abs(lps[k] - (old if v == 0 else new)[k - 1]) <= TOL, (k, v)
+                await each_token_from_its_version(c, sid, key, task, got, smol, changed_model)
                 served = await served_probe(real_vllm.url, list(probe.input_ids))
                 assert max(abs(a - b) for a, b in zip(served, probe.logprobs, strict=True)) <= TOL
                 assert (await c.get("/health")).json()["status"] == "ok"
@@ -320,36 +335,12 @@ async def test_a_lora_adapter_pushed_through_vllms_runtime_lora_api(real_vllm, s
                 return await c.post("/rl/update_weights", json={"path": str(path)}, headers=admin_headers())
 
             try:
-                r = await c.post("/rl/start_session", json={"task_id": "lora"}, headers=admin_headers())
-                sid, key = r.json()["session_id"], r.json()["api_key"]
-                got: list[str] = []
-
-                async def stream() -> None:
-                    async with c.stream("POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                                        json={"messages": [{"role": "user", "content": "Tell me a story."}],
-                                              "max_tokens": 24, "stream": True, "seed": 5}) as s:
-                        async for line in s.aiter_lines():
-                            if line:
-                                got.append(line)
-
-                task = asyncio.create_task(stream())
-                await eventually(lambda: sum('"content"' in line for line in got) >= 3, what="the first tokens")
+                sid, key, task, got = await stream_in_flight(c, "lora", max_tokens=24, seed=5, tokens=3)
                 r = await update(adapter)
                 assert r.status_code == 200 and r.json()["version"] == 1, r.text
                 assert r.json()["weight_check"]["result"] == "pass" and r.json()["weight_check"]["max_diff"] <= TOL
                 assert engine.backends[0].info["model"] == "rlgate-1"  # requests name the adapter now
-                await task
-                assert got[-1] == "data: [DONE]" and not any('"error"' in line for line in got)
-                await c.post("/rl/end_session", headers={"Authorization": f"Bearer {key}"})
-                (sample,) = (await c.post("/export_trajectories", json={"session_id": sid},
-                                          headers=admin_headers())).json()["interactions"]
-                gen_pos = [k for k, m in enumerate(sample["loss_mask"]) if m]
-                versions = [sample["versions"][k] for k in gen_pos]
-                assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions), versions
-                ids, lps = sample["input_ids"], sample["logprobs"]
-                old, new = teacher_forced(smol, ids), teacher_forced(model, ids)
-                for k, v in zip(gen_pos, versions, strict=True):
-                    assert abs(lps[k] - (old if v == 0 else new)[k - 1]) <= TOL, (k, v)
+                await each_token_from_its_version(c, sid, key, task, got, smol, model)
             finally:  # full weights again: requests name the base model, the adapter is unloaded
                 r = await update(served_checkpoints["base"])
                 assert r.status_code == 200 and r.json()["weight_check"]["result"] == "pass", r.text

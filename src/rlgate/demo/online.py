@@ -101,6 +101,7 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
     from transformers import AutoModelForCausalLM
 
     from rlgate.config import GatewayConfig, OnlineConfig
+    from rlgate.demo.canary_trial import put_on_trial
     from rlgate.demo.scripted import ensure_tiny_model
     from rlgate.model import load_tokenizer
     from rlgate.online.groups import scorer_of
@@ -177,16 +178,10 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
             bad.load_state_dict({k: 2 * start_state[k] - stable_state[k] for k in start_state})
             path = Path(tempfile.mkdtemp(dir=out_dir, prefix="bad-checkpoint-"))
             save_for_serving(bad, path)
-            r = await http.post("/rl/update_weights", json={"path": str(path)})
-            r.raise_for_status()
-            result.bad_version = r.json()["version"]
-            log(f"bad checkpoint pushed as version {result.bad_version} (canary share {s.canary_share:.0%})")
-            n0 = users.conversations
-            while canary.canary_version == result.bad_version and users.conversations - n0 < s.bad_max_conversations:
-                await users.run(16, concurrency=s.concurrency)
-            result.bad_conversations = users.conversations - n0
-            decided = [d for d in canary.decisions if d.version == result.bad_version and d.action != "start"]
-            result.bad_decision = decided[-1].to_dict() if decided else None
+            trial = await put_on_trial(http, canary, users, path, concurrency=s.concurrency,
+                                       max_conversations=s.bad_max_conversations, log=log)
+            result.bad_version, result.bad_conversations, result.bad_decision = \
+                trial.version, trial.conversations, trial.decision
             snap = (await http.get("/rl/online")).json()
             result.online = snap
             result.decisions = snap["canary"]["decisions"]

@@ -117,6 +117,7 @@ async def run_real_proof(out_dir: Path, s: RealProofSettings, log: Callable[[str
     from rlgate.api.app_state import online_state
     from rlgate.checkpoints import resolve_model
     from rlgate.config import GatewayConfig, OnlineConfig
+    from rlgate.demo.canary_trial import put_on_trial
     from rlgate.model import load_tokenizer, stop_token_ids
     from rlgate.online.groups import scorer_of
     from rlgate.server.app import create_app
@@ -221,17 +222,10 @@ async def run_real_proof(out_dir: Path, s: RealProofSettings, log: Callable[[str
                 r.raise_for_status()
             while not engines.can_load():
                 await asyncio.sleep(0.5)
-            r = await http.post("/rl/update_weights", json={"path": str(bad_path)})
-            r.raise_for_status()
-            result.bad_version = r.json()["version"]
-            log(f"bad checkpoint pushed as version {result.bad_version}")
-            n0 = users.conversations
-            while canary.canary_version == result.bad_version and users.conversations - n0 < s.bad_max_conversations:
-                await users.run(16, concurrency=s.concurrency)
-            result.bad_conversations = users.conversations - n0
-            decided = [d for d in canary.decisions if d.version == result.bad_version and d.action in
-                       ("promote", "rollback")]
-            result.bad_decision = decided[-1].to_dict() if decided else None
+            trial = await put_on_trial(http, canary, users, bad_path, concurrency=s.concurrency,
+                                       max_conversations=s.bad_max_conversations, log=log)
+            result.bad_version, result.bad_conversations, result.bad_decision = \
+                trial.version, trial.conversations, trial.decision
             result.phases["bad_checkpoint_s"] = time.perf_counter() - t_bad
             snap = (await http.get("/rl/online")).json()
             result.online = snap

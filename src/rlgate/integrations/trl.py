@@ -47,8 +47,8 @@ from typing import Any
 
 from rlgate.integrations.episodes import Chain, LoopThread, play
 from rlgate.rollout.runner import CONCURRENCY, EPISODE_TIMEOUT_S, MAX_CONSECUTIVE_FAILURES, RolloutRunner
-from rlgate.train.config import GatewaySettings, RolloutSettings, TrainConfig
-from rlgate.train.gateway import OpenGateway, open_gateway
+from rlgate.train.config import GatewaySettings
+from rlgate.train.gateway import GatewayPlan, OpenGateway, open_gateway
 
 __all__ = ["TRLRollout", "agent_reward", "close_agent", "default_data_for", "open_agent", "trl_batch"]
 
@@ -159,14 +159,11 @@ def open_agent(agent: Any, model: str | Path, *, gateway: GatewaySettings | None
     """The gateway serving ``model``, the runner that plays ``agent`` through it, and the event loop
     they live on (the arguments are :meth:`TRLRollout.start`'s); :func:`close_agent` ends them.
     Both TRL adapters (this one and ``integrations/trl_async.py``) open theirs here."""
-    settings = gateway or GatewaySettings()
-    # open_gateway reads the run's model, out_dir, gateway, rollout and ray sections only
-    cfg = TrainConfig.model_construct(model=str(model), out_dir=str(out_dir), gateway=settings,
-                                      rollout=RolloutSettings(seed=seed, concurrency=concurrency,
-                                                              episode_timeout=episode_timeout), ray=None)
+    plan = GatewayPlan(model=str(model), out_dir=Path(out_dir), gateway=gateway or GatewaySettings(), seed=seed,
+                       connections=concurrency + 8)
     loop = LoopThread()
     try:
-        opened = loop.run(open_gateway(cfg, Path(model), Path(model)))
+        opened = loop.run(open_gateway(plan, Path(model), Path(model)))
     except BaseException:
         loop.close()
         raise

@@ -56,14 +56,14 @@ def describe_episode(ep: Any, tokenizer: Any, *, max_tokens: int = 24) -> str:
 
 
 async def check(cfg: TrainConfig, *, episodes: int = 1, print_fn: Any = print) -> int:
-    from rlgate.train.gateway import open_gateway
+    from rlgate.train.gateway import GatewayPlan, open_gateway
 
     prep = prepare(cfg)
     named = cfg.model if str(cfg.model) == str(prep.model) else f"{cfg.model} ({prep.model})"
     print_fn(f"config ok; model {named}; {len(prep.data)} training items"
              + (f", {len(prep.eval_data)} eval items" if prep.eval_data else "")
              + f"; agent {cfg.agent}" + (f"; reward {cfg.reward}" if cfg.reward else ""))
-    gw = await open_gateway(cfg, prep.model, prep.model)
+    gw = await open_gateway(GatewayPlan.of(cfg), prep.model, prep.model)
     print_fn(f"gateway {gw.url} ({'in-process' if gw.server else 'replicas on Ray' if gw.cluster else 'remote'}), "
              f"weight version {(await gw.client.health())['version']}")
     tokenizer = gw.tokenizer

@@ -33,7 +33,7 @@ from rlgate.train.run import evaluate, make_runner, prepare, report_error
 async def run_eval(cfg: TrainConfig, *, checkpoint: str | None = None, dataset: str | None = None,
                    samples_per_item: int | None = None, temperature: float | None = None,
                    limit: int | None = None, report: str | None = None, print_fn: Any = print) -> dict[str, Any]:
-    from rlgate.train.gateway import open_gateway
+    from rlgate.train.gateway import GatewayPlan, open_gateway
 
     prep = prepare(cfg, need_data=False)
     if checkpoint:
@@ -57,7 +57,7 @@ async def run_eval(cfg: TrainConfig, *, checkpoint: str | None = None, dataset: 
 
         served = await asyncio.to_thread(merge_adapter, prep.model, weights, Path(cfg.out_dir) / f"merged-{weights.name}")
         print_fn(f"{weights} is a LoRA adapter: serving {prep.model} with it merged ({served})")
-    gw = await open_gateway(cfg, served, prep.model)
+    gw = await open_gateway(GatewayPlan.of(cfg), served, prep.model)
     runner = make_runner(cfg, gw.client, prep.agent, prep.reward_fn)
     try:
         if gw.remote and served != prep.model:

@@ -29,9 +29,33 @@ from typing import Any
 import httpx
 
 from rlgate.client import GatewayClient, GatewayClientError
-from rlgate.config import ClusterConfig
+from rlgate.config import ClusterConfig, GatewayConfig
 from rlgate.rollout.errors import RunError
-from rlgate.train.config import RaySettings, TrainConfig
+from rlgate.rollout.runner import CONCURRENCY
+from rlgate.train.config import GatewaySettings, RaySettings, TrainConfig
+
+
+@dataclass(frozen=True)
+class GatewayPlan:
+    """What :func:`open_gateway` reads: the run's ``gateway:`` and ``ray:`` sections and four more settings
+    (``rlgate train`` takes them from its config, :meth:`of`; the TRL adapter builds one itself)."""
+
+    model: str  # as configured: the name the gateway serves (served_name)
+    out_dir: Path  # the sync directory's default and the viewer's admin_key file
+    gateway: GatewaySettings
+    seed: int | None = None  # the in-process engine's sampling seed (rollout.seed)
+    connections: int = CONCURRENCY + 8  # the control client's pool: the episodes in flight, and a few
+    ray: RaySettings | None = None
+    lora: bool = False  # train.lora is set (a push of the adapter alone needs one)
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> GatewayPlan:
+        return cls(str(cfg.model), Path(cfg.out_dir), cfg.gateway, cfg.rollout.seed, cfg.rollout.concurrency + 8,
+                   cfg.ray, cfg.train.lora is not None)
+
+    @property
+    def replicas(self) -> int:
+        return self.ray.replicas if self.ray is not None else 0
 
 
 @dataclass
@@ -119,8 +143,8 @@ def engine_threads(device: str | None, configured: int | None = None) -> int | N
     return configured or max(1, torch.get_num_threads() - 1)
 
 
-def control_client(url: str, admin_key: str, cfg: TrainConfig) -> GatewayClient:
-    return PooledGatewayClient(url, admin_key, connections=cfg.rollout.concurrency + 8, policy=cfg.gateway.policy)
+def control_client(url: str, admin_key: str, plan: GatewayPlan) -> GatewayClient:
+    return PooledGatewayClient(url, admin_key, connections=plan.connections, policy=plan.gateway.policy)
 
 
 async def check_remote(url: str, admin_key: str) -> None:
@@ -224,10 +248,10 @@ def write_key_file(path: Path, key: str) -> None:
         raise
 
 
-def announce_ui(cfg: TrainConfig, url: str, admin_key: str) -> None:
+def announce_ui(plan: GatewayPlan, url: str, admin_key: str) -> None:
     """``gateway.ui``: the key to out_dir/admin_key (0600) and one line saying where to look; the key
     itself is never printed or logged."""
-    out = Path(cfg.out_dir)
+    out = plan.out_dir
     out.mkdir(parents=True, exist_ok=True)
     write_key_file(out / "admin_key", admin_key)
     print(f"viewer: {url}/ui (log in with the admin key in {out / 'admin_key'}, mode 0600; scripts: "
@@ -242,144 +266,143 @@ def check_ray() -> None:
         raise RunError("ray: this config runs on Ray, which is not installed: pip install 'rlgate[cluster]'") from None
 
 
-async def open_gateway(cfg: TrainConfig, weights: Path, tokenizer_dir: Path, *, version: int = 0) -> OpenGateway:
+async def open_gateway(plan: GatewayPlan, weights: Path, tokenizer_dir: Path, *, version: int = 0) -> OpenGateway:
     """Connect to (or start) the gateway serving ``weights``. ``version``: the weight version
     ``weights`` are (a resumed run's checkpoint); the in-process engine starts there instead of
     at 0. Replicas come back at the version their stores recorded, a running gateway keeps its
     own."""
     from rlgate.train.sync import AdapterSync, ColocatedSync, RemoteSync
 
-    if cfg.ray is not None:
+    if plan.ray is not None:
         from rlgate.cluster.launch import init_ray
 
         check_ray()
         try:
-            await asyncio.to_thread(init_ray, ray_cluster_config(cfg.ray))
+            await asyncio.to_thread(init_ray, ray_cluster_config(plan.ray))
         except Exception as exc:  # noqa: BLE001 - name the setting, not Ray's internals
-            raise RunError(f"ray: cannot {'join ' + cfg.ray.address if cfg.ray.address else 'start a local Ray'} "
+            raise RunError(f"ray: cannot {'join ' + plan.ray.address if plan.ray.address else 'start a local Ray'} "
                            f"({type(exc).__name__}: {exc})") from None
-    if cfg.replicas:
-        cluster, client = await _start_replicas(cfg, weights, tokenizer_dir)
-        sync_dir = Path(cfg.gateway.sync_dir) if cfg.gateway.sync_dir else Path(cfg.out_dir) / "sync"
-        return OpenGateway(client, RemoteSync(client, sync_dir, keep=cfg.gateway.sync_keep), cluster=cluster)
-    if cfg.gateway.url:
-        admin_key = cfg.gateway.admin_key or os.environ.get("RLGATE_ADMIN_KEY")
+    if plan.replicas:
+        cluster, client = await _start_replicas(plan, weights, tokenizer_dir)
+        sync_dir = Path(plan.gateway.sync_dir) if plan.gateway.sync_dir else plan.out_dir / "sync"
+        return OpenGateway(client, RemoteSync(client, sync_dir, keep=plan.gateway.sync_keep), cluster=cluster)
+    if plan.gateway.url:
+        admin_key = plan.gateway.admin_key or os.environ.get("RLGATE_ADMIN_KEY")
         if not admin_key:
             raise RunError("gateway.url is set but no admin key: set $RLGATE_ADMIN_KEY (or gateway.admin_key)")
-        if cfg.gateway.push == "adapter" and cfg.train.lora is None:
+        if plan.gateway.push == "adapter" and not plan.lora:
             raise RunError("gateway.push is 'adapter' but train.lora is not set: there is no adapter to push")
-        await check_remote(cfg.gateway.url, admin_key)
-        client = control_client(cfg.gateway.url, admin_key, cfg)
-        sync_dir = Path(cfg.gateway.sync_dir) if cfg.gateway.sync_dir else Path(cfg.out_dir) / "sync"
-        if cfg.gateway.policy is not None:  # an adapter policy of a shared gateway: the adapter alone
-            return OpenGateway(client, AdapterSync(client, sync_dir, keep=cfg.gateway.sync_keep), remote=True)
-        return OpenGateway(client, RemoteSync(client, sync_dir, keep=cfg.gateway.sync_keep,
-                                              adapters=cfg.gateway.push == "adapter"), remote=True)
+        await check_remote(plan.gateway.url, admin_key)
+        client = control_client(plan.gateway.url, admin_key, plan)
+        sync_dir = Path(plan.gateway.sync_dir) if plan.gateway.sync_dir else plan.out_dir / "sync"
+        if plan.gateway.policy is not None:  # an adapter policy of a shared gateway: the adapter alone
+            return OpenGateway(client, AdapterSync(client, sync_dir, keep=plan.gateway.sync_keep), remote=True)
+        return OpenGateway(client, RemoteSync(client, sync_dir, keep=plan.gateway.sync_keep,
+                                              adapters=plan.gateway.push == "adapter"), remote=True)
 
     from rlgate.engine.local import LocalEngine
     from rlgate.model import load_tokenizer
     from rlgate.server.runner import ServerThread
 
-    if cfg.gateway.port:
-        check_port_free(cfg.gateway.port, cfg.gateway.host)
+    if plan.gateway.port:
+        check_port_free(plan.gateway.port, plan.gateway.host)
     admin_key = secrets.token_urlsafe(32)
     try:
         tokenizer = load_tokenizer(tokenizer_dir)
     except Exception as exc:  # noqa: BLE001 - name the directory, not the library's internals
         raise RunError(f"model: cannot load a tokenizer from {tokenizer_dir}: {exc}") from None
     engine: Any
-    if cfg.gateway.engine == "scripted":  # replies from gateway.script (train/scripted.py)
+    if plan.gateway.engine == "scripted":  # replies from gateway.script (train/scripted.py)
         from rlgate.model import context_length
         from rlgate.train.scripted import VersionSync, scripted_engine
 
-        engine = scripted_engine(cfg.gateway.script, tokenizer,
-                                 cfg.gateway.context_length or context_length(tokenizer_dir) or 32768)
+        engine = scripted_engine(plan.gateway.script, tokenizer,
+                                 plan.gateway.context_length or context_length(tokenizer_dir) or 32768)
         sync: Any = VersionSync(engine)
     else:
         try:
-            engine = LocalEngine(weights, device=cfg.gateway.device, max_context_length=cfg.gateway.context_length,
-                                 seed=cfg.rollout.seed,
-                                 threads=engine_threads(cfg.gateway.device, cfg.gateway.engine_threads))
+            engine = LocalEngine(weights, device=plan.gateway.device, max_context_length=plan.gateway.context_length,
+                                 seed=plan.seed,
+                                 threads=engine_threads(plan.gateway.device, plan.gateway.engine_threads))
         except Exception as exc:  # noqa: BLE001
             raise RunError(f"model: the engine cannot load {weights}: {type(exc).__name__}: {exc}") from None
         sync = ColocatedSync(engine)
     engine.restore_version(version)
     try:
-        app = _in_process_app(cfg, admin_key, engine, tokenizer, tokenizer_dir)
+        app = _in_process_app(plan, admin_key, engine, tokenizer, tokenizer_dir)
     except ValueError as exc:  # a setting the model cannot serve with (gateway.tool_prompt, a parser name)
         raise RunError(f"gateway: {exc}") from None
     from rlgate.server.serve import KEEP_ALIVE_S
 
     # the server keeps idle connections longer than the clients do (65 s vs httpx's 5 s), as `rlgate serve`
     # does: with uvicorn's 5 s a control call sent on a connection the server was closing failed (ReadError)
-    server = ServerThread(app, host=cfg.gateway.host, port=cfg.gateway.port or 0, timeout_keep_alive=KEEP_ALIVE_S)
+    server = ServerThread(app, host=plan.gateway.host, port=plan.gateway.port or 0, timeout_keep_alive=KEEP_ALIVE_S)
     try:
-        url = advertised_url(server.start(), cfg.gateway.host)
+        url = advertised_url(server.start(), plan.gateway.host)
     except RuntimeError as exc:
         raise RunError(f"gateway: the in-process gateway did not start ({exc})") from None
-    if cfg.gateway.ui:
-        announce_ui(cfg, url, admin_key)
-    return OpenGateway(control_client(url, admin_key, cfg), sync, server, tokenizer,
+    if plan.gateway.ui:
+        announce_ui(plan, url, admin_key)
+    return OpenGateway(control_client(url, admin_key, plan), sync, server, tokenizer,
                        registries=(app.state.gateway.metrics.registry,))
 
 
-def _in_process_app(cfg: TrainConfig, admin_key: str, engine: Any, tokenizer: Any, tokenizer_dir: Path) -> Any:
+def served_name(model: str) -> str:
+    """The model name the gateway answers with: what the config says (a registry name such as
+    smollm2-135m-instruct, a directory's name, a GGUF file's stem), never the conversion cache's hash."""
+    return Path(model).stem if model.lower().endswith(".gguf") else Path(model).name
+
+
+def served_config(plan: GatewayPlan, admin_key: str) -> GatewayConfig:
+    """The gateway a run serves from (in process, or each replica): granted capacity, the ``gateway:``
+    section's serving settings, the configured model's name."""
+    g = plan.gateway
+    return GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=g.tool_parser,
+                         reasoning_parser=g.reasoning_parser, trajectory_mode=g.trajectory_mode,
+                         context_length=g.context_length, max_tokens_cap=g.max_tokens_cap,
+                         model_name=served_name(plan.model), ui=g.ui, tool_prompt=g.tool_prompt,
+                         retain_exported=UI_RETAIN_S if g.ui else 0.0)
+
+
+def _in_process_app(plan: GatewayPlan, admin_key: str, engine: Any, tokenizer: Any, tokenizer_dir: Path) -> Any:
     """The in-process gateway's app (``ValueError``: a setting this model cannot be served with)."""
-    from rlgate.config import GatewayConfig
     from rlgate.model import stop_token_ids
     from rlgate.server.app import create_app
     from rlgate.store.base import MemoryStore
 
-    return create_app(
-        GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
-                      reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
-                      context_length=cfg.gateway.context_length, max_tokens_cap=cfg.gateway.max_tokens_cap,
-                      model_name=served_name(cfg), ui=cfg.gateway.ui, tool_prompt=cfg.gateway.tool_prompt,
-                      retain_exported=UI_RETAIN_S if cfg.gateway.ui else 0.0),
-        engine, MemoryStore(), tokenizer, stop_token_ids=stop_token_ids(tokenizer, tokenizer_dir))
+    return create_app(served_config(plan, admin_key), engine, MemoryStore(), tokenizer,
+                      stop_token_ids=stop_token_ids(tokenizer, tokenizer_dir))
 
 
-def served_name(cfg: TrainConfig) -> str:
-    """The model name the gateway answers with: what the config says (a registry name such as
-    smollm2-135m-instruct, a directory's name, a GGUF file's stem), never the conversion cache's hash."""
-    given = str(cfg.model)
-    return Path(given).stem if given.lower().endswith(".gguf") else Path(given).name
-
-
-async def _start_replicas(cfg: TrainConfig, weights: Path, tokenizer_dir: Path) -> tuple[Any, GatewayClient]:
+async def _start_replicas(plan: GatewayPlan, weights: Path, tokenizer_dir: Path) -> tuple[Any, GatewayClient]:
     """``ray.replicas`` gateway replicas (local engines serving ``weights``) and a router on ``gateway.host``."""
     from rlgate.cluster.engines import LocalEngineSpec
     from rlgate.cluster.launch import Cluster
     from rlgate.cluster.replica import ReplicaSpec
-    from rlgate.config import GatewayConfig
 
-    assert cfg.ray is not None
+    assert plan.ray is not None
     admin_key = secrets.token_urlsafe(32)
     spec = ReplicaSpec(
         model=str(tokenizer_dir.resolve()),
-        config=GatewayConfig(admin_key=admin_key, capacity_mode="granted", tool_parser=cfg.gateway.tool_parser,
-                             reasoning_parser=cfg.gateway.reasoning_parser, trajectory_mode=cfg.gateway.trajectory_mode,
-                             context_length=cfg.gateway.context_length, max_tokens_cap=cfg.gateway.max_tokens_cap,
-                             model_name=served_name(cfg), ui=cfg.gateway.ui, tool_prompt=cfg.gateway.tool_prompt,
-                             retain_exported=UI_RETAIN_S if cfg.gateway.ui else 0.0),
-        engine=LocalEngineSpec(str(weights.resolve()), device=cfg.gateway.device,
-                               max_context_length=cfg.gateway.context_length),
-        host=cfg.ray.replica_host,
-        data_dir=str(Path(cfg.ray.data_dir or Path(cfg.out_dir) / "replicas").resolve()))
-    cluster = Cluster(spec, ray_cluster_config(cfg.ray, replicas=cfg.ray.replicas,
-                                               replica_num_cpus=cfg.ray.replica_num_cpus,
-                                               replica_num_gpus=cfg.ray.replica_num_gpus,
-                                               replica_host=cfg.ray.replica_host))
+        config=served_config(plan, admin_key),
+        engine=LocalEngineSpec(str(weights.resolve()), device=plan.gateway.device,
+                               max_context_length=plan.gateway.context_length),
+        host=plan.ray.replica_host,
+        data_dir=str(Path(plan.ray.data_dir or plan.out_dir / "replicas").resolve()))
+    cluster = Cluster(spec, ray_cluster_config(plan.ray, replicas=plan.ray.replicas,
+                                               replica_num_cpus=plan.ray.replica_num_cpus,
+                                               replica_num_gpus=plan.ray.replica_num_gpus,
+                                               replica_host=plan.ray.replica_host))
     try:
         await asyncio.to_thread(cluster.start)
-        url = advertised_url(cluster.start_router(cfg.gateway.host, cfg.gateway.port or 0), cfg.gateway.host)
+        url = advertised_url(cluster.start_router(plan.gateway.host, plan.gateway.port or 0), plan.gateway.host)
     except Exception as exc:  # noqa: BLE001 - one message naming the section
         await asyncio.to_thread(cluster.stop)
-        raise RunError(f"ray.replicas: the {cfg.ray.replicas} gateway replicas did not start "
+        raise RunError(f"ray.replicas: the {plan.ray.replicas} gateway replicas did not start "
                        f"({type(exc).__name__}: {exc})") from None
-    if cfg.gateway.ui:
-        announce_ui(cfg, url, admin_key)
-    return cluster, control_client(url, admin_key, cfg)
+    if plan.gateway.ui:
+        announce_ui(plan, url, admin_key)
+    return cluster, control_client(url, admin_key, plan)
 
 
 def gateway_error(exc: GatewayClientError, url: str) -> RunError:

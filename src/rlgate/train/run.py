@@ -257,7 +257,7 @@ async def _run_training(cfg: TrainConfig, hooks: Hooks | None, *, stdout: bool |
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlgate.train.gateway import open_gateway
+    from rlgate.train.gateway import GatewayPlan, open_gateway
     from rlgate.train.grpo import GRPOTrainer, LoopState, grpo_loop
     from rlgate.train.policy import load_policy
     from rlgate.train.telemetry import StepExporter
@@ -291,7 +291,7 @@ async def _run_training(cfg: TrainConfig, hooks: Hooks | None, *, stdout: bool |
     lora_resume = ckpt is not None and cfg.train.lora is not None
     if lora_resume:  # a checkpoint holds the adapter: serve the base, then push the merged weights (-> version)
         weights, version = prep.model, max(version - 1, 0)
-    gw = await open_gateway(cfg, weights, prep.model, version=version)
+    gw = await open_gateway(GatewayPlan.of(cfg), weights, prep.model, version=version)
     trackers = None
     exporter = None
     runner = None
