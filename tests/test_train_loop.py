@@ -51,8 +51,10 @@ async def _run_loop(tiny_model_dir, make_app, *, max_staleness, steps, record):
     engine = LocalEngine(tiny_model_dir)
     model = _fresh_model(tiny_model_dir)
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    # every step pushes (the test follows the versions): a step whose groups all tie would push nothing with
+    # skip_no_signal_updates, and two groups of four length-parity rewards tie now and then
     trainer = GRPOTrainer(model, GRPOConfig(lr=1e-3, groups_per_step=2, max_staleness=max_staleness,
-                                            micro_batch_size=4, device="cpu"))
+                                            micro_batch_size=4, device="cpu", skip_no_signal_updates=False))
     original_step = trainer.step
 
     def recording_step(samples, group_ids, version):
