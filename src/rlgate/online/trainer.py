@@ -273,10 +273,14 @@ class OnlineTrainer:
         groups, prompt groups, batch baseline), each unit's lag and age."""
         now = self.clock()
         batch = StepBatch()
+
+        def add(u: Unit, samples: list[Sample], group_id: str) -> None:
+            batch.add(samples, group_id, lag=self._lag(u), age_hours=(now - u.generated_at) / 3600)
+
         by_prompt: dict[tuple[int, ...], list[tuple[Unit, Sample]]] = {}
         for u in units:
             if u.kind == "group":
-                batch.add(u.samples, u.group_id, lag=self._lag(u), age_hours=(now - u.generated_at) / 3600)
+                add(u, u.samples, u.group_id)
                 continue
             for s in u.samples:
                 prompt = tuple(t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if not m)
@@ -285,12 +289,12 @@ class OnlineTrainer:
         for k, (_, group) in enumerate(by_prompt.items()):
             if len(group) > 1:
                 for u, s in group:
-                    batch.add([s], f"feedback-prompt-{k}", lag=self._lag(u), age_hours=(now - u.generated_at) / 3600)
+                    add(u, [s], f"feedback-prompt-{k}")
             else:
                 rest += group
         if len(rest) > 1:
             for u, s in rest:
-                batch.add([s], "feedback-batch", lag=self._lag(u), age_hours=(now - u.generated_at) / 3600)
+                add(u, [s], "feedback-batch")
         return batch
 
     # ------------------------------------------------------------------ the loop

@@ -442,30 +442,34 @@ class RolloutRunner:
         if not waiting:
             return
         try:
+            # (every waiting episode has one: _play sets it before it leaves an episode to its group)
             rewards = await score_group(self.reward_fn, [e.finished for e in waiting if e.finished is not None])
         except RunError:
-            for e in waiting:
-                await self._discard(e.awaiting_group, e)
+            await self._release(waiting)
             raise
         except Exception as exc:  # noqa: BLE001 - a failed reward loses these episodes, as in _play
-            for e in waiting:
-                self._failed(e, exc)
-                await self._discard(e.awaiting_group, e)
-                e.awaiting_group = None
+            await self._release(waiting, exc)
             return
-        for k, (e, reward) in enumerate(zip(waiting, rewards, strict=True)):
-            session, e.awaiting_group = e.awaiting_group, None
+        for e, reward in zip(waiting, rewards, strict=True):
             try:
                 e.result = check_result(reward, self.reward_range, source="reward function")
-                self._take(e, await self._rewarded_export(e, session))
+                self._take(e, await self._rewarded_export(e, e.awaiting_group))
                 self._completed(e)
-            except RunError:  # a bug to report: the group's other sessions are discarded too
-                for other in [e, *waiting[k + 1:]]:
-                    await self._discard(session if other is e else other.awaiting_group, other)
+                e.awaiting_group = None
+            except RunError:  # a bug to report: this session and the group's unrewarded ones are discarded
+                await self._release(waiting)
                 raise
             except Exception as exc:  # noqa: BLE001 - a failure loses only this episode
-                self._failed(e, exc)
-                await self._discard(session, e)
+                await self._release([e], exc)
+
+    async def _release(self, waiting: list[Episode], exc: BaseException | None = None) -> None:
+        """Discard the sessions still awaiting their group's reward (``exc``: count them as failed by it)."""
+        for e in waiting:
+            if e.awaiting_group is not None:
+                if exc is not None:
+                    self._failed(e, exc)
+                await self._discard(e.awaiting_group, e)
+                e.awaiting_group = None
 
     async def groups(self, items: Iterable[tuple[str, dict[str, Any]]], *, max_groups_in_flight: int = 64
                      ) -> AsyncIterator[Group]:

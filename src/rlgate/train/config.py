@@ -530,11 +530,11 @@ def load_online_train_config(path: str | Path, *, lr: float) -> OnlineTrainConfi
             problems.append(f"grpo.lr_schedule: {grpo['lr_schedule']!r} decays to 0 at a run's last step, and "
                             "online training has none; use constant (with grpo.warmup_steps if wanted)")
         raw["grpo"] = {"lr": lr, **grpo}
-    problems += [_unknown_message(k, "") for k in unknown_keys(
-        {k: v for k, v in raw.items() if k in OnlineTrainConfig.model_fields}, OnlineTrainConfig)]
+    sections = {k: v for k, v in raw.items() if k in OnlineTrainConfig.model_fields}
+    problems += [_unknown_message(k, "") for k in unknown_keys(sections, OnlineTrainConfig)]
     cfg = None
     try:
-        cfg = OnlineTrainConfig.model_validate({k: v for k, v in raw.items() if k in OnlineTrainConfig.model_fields})
+        cfg = OnlineTrainConfig.model_validate(sections)
     except ValidationError as exc:
         problems += [line for err, line in zip(exc.errors(), _format_validation(exc), strict=True)
                      if err["type"] != "extra_forbidden"]

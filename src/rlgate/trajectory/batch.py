@@ -40,7 +40,6 @@ class StepBatch:
     group_ids: list[str] = field(default_factory=list)
     lags: list[int] = field(default_factory=list)  # one per unit added
     ages_hours: list[float] = field(default_factory=list)  # one per unit added with an age
-    groups: set[str] = field(default_factory=set)
 
     def add(self, samples: Sequence[Sample], group_ids: str | Sequence[str], *, lag: int,
             age_hours: float | None = None) -> None:
@@ -50,14 +49,13 @@ class StepBatch:
             raise ValueError(f"{len(ids)} group ids for {len(samples)} samples")
         self.samples += samples
         self.group_ids += ids
-        self.groups.update(ids)
         self.lags.append(lag)
         if age_hours is not None:
             self.ages_hours.append(age_hours)
 
     def metrics(self) -> dict[str, float]:
         rewards = [s.reward for s in self.samples if s.reward is not None]
-        out = {"samples": float(len(self.samples)), "groups": float(len(self.groups)),
+        out = {"samples": float(len(self.samples)), "groups": float(len(set(self.group_ids))),
                "reward_mean": sum(rewards) / max(len(rewards), 1),
                "staleness_versions_mean": sum(self.lags) / max(len(self.lags), 1),
                "staleness_versions_max": float(max(self.lags, default=0))}
