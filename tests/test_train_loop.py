@@ -227,6 +227,26 @@ def test_filter_group_leaves_out_unrewarded_samples():
     assert stats.dropped_groups == 1 and stats.kept_groups == 0
 
 
+def test_filter_group_scores_cut_replies_with_truncated_reward():
+    """grpo.truncated_reward: an episode with a reply cut by max_tokens earns it in place of its own reward,
+    in the group's rewards (what resampling and the advantages see) and on its samples; cut episodes are
+    counted either way."""
+
+    def group():
+        cut, whole = _episode("g", 0, [1], reward=0.5), _episode("g", 1, [1], reward=0.5)
+        cut.samples[0].finish_reason, whole.samples[0].finish_reason = "length", "stop"
+        return Group("g", {}, [cut, whole])
+
+    stats, batch = StepStats(), StepBatch()
+    assert not filter_group(group(), version=1, max_staleness=0, stats=stats, batch=batch, resample=True)
+    assert stats.resampled_groups == 1 and stats.truncated_episodes == 1  # as played: both 0.5, no signal
+    stats, batch = StepStats(), StepBatch()
+    assert filter_group(group(), version=1, max_staleness=0, stats=stats, batch=batch, resample=True,
+                        truncated_reward=0.0)
+    assert [s.reward for s in batch.samples] == [0.0, 0.5]
+    assert stats.all_rewards == [0.0, 0.5] and stats.truncated_episodes == 1 and stats.resampled_groups == 0
+
+
 def test_samples_from_version_zero_count_as_stale(tiny_model_dir):
     """Version 0 is a real version (the initial weights), not 'unknown'."""
     model = _fresh_model(tiny_model_dir)

@@ -121,4 +121,7 @@ def test_the_step_line_says_when_a_step_teaches_nothing():
                     "resampled_groups": 2.0})
     assert "signal 3/4" in lines[0] and "ent 1.23" in lines[0] and "[" not in lines[0]
     assert "signal 0/4 (+2 resampled)" in lines[1]
+    assert "cut" not in lines[0]
+    tracker.log(3, {**base, "groups": 4.0, "truncated_episodes": 5.0})
+    assert "cut 5 " in lines[2]  # episodes with a reply cut by max_tokens
     assert "NO SIGNAL" in lines[1] and "ENTROPY COLLAPSE" in lines[1]

@@ -61,6 +61,9 @@ class GRPOConfig(_Strict):
                                    "signal) is replaced by a fresh group, up to max_resampled_groups per step (DAPO)")
     max_resampled_groups: int | None = Field(default=None, ge=0, description="dynamic_sampling: groups replaced per "
                                              "step at most (None: groups_per_step); then the step trains as is")
+    truncated_reward: float | None = Field(
+        default=None, description="an episode with a reply cut by max_tokens (finish_reason length) earns this reward "
+        "instead of its own, e.g. 0: a cut reply is not an answer (DAPO's overlong filtering); None: the agent's")
     skip_no_signal_updates: bool = Field(default=True, description="a step whose every advantage is 0 applies no "
                                          "update (AdamW's momentum would move the weights with no signal) and "
                                          "pushes no weights")
@@ -504,6 +507,7 @@ OFFLINE_LOOP_KEYS = {
     "dynamic_sampling": "live groups are not played again; a group without signal has zero advantages",
     "max_resampled_groups": "live groups are not played again",
     "max_dropped_groups_in_a_row": "nothing stops serving; dropped samples are counted in GET /rl/online",
+    "truncated_reward": "a live episode's reward is the client's (POST /v1/feedback): score a cut reply there",
 }
 
 

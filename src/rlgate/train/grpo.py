@@ -77,6 +77,7 @@ class StepStats:
     drop_reasons: list[str] = field(default_factory=list)  # one line per dropped group
     resampled_groups: int = 0  # groups without reward variance replaced (grpo.dynamic_sampling)
     all_rewards: list[float] = field(default_factory=list)  # every played episode's, resampled groups' included
+    truncated_episodes: int = 0  # played episodes with a reply cut by max_tokens (grpo.truncated_reward)
 
 
 class GRPOTrainer:
@@ -284,10 +285,12 @@ class LoopState:
 
 
 def filter_group(group: Group, version: int, max_staleness: int, stats: StepStats, batch: StepBatch, *,
-                 resample: bool = False) -> bool:
+                 resample: bool = False, truncated_reward: float | None = None) -> bool:
     """Add the samples of a group's good, fresh-enough episodes to ``batch`` (under the group's id, each
     episode with its lag); False when the group was left out. ``resample``: a group whose samples all
-    earned the same reward (no learning signal) is set aside (``stats.resampled_groups``)."""
+    earned the same reward (no learning signal) is set aside (``stats.resampled_groups``).
+    ``truncated_reward``: the reward of an episode with a reply cut by max_tokens, in place of its own
+    (its samples' rewards are rewritten: they are what is trained on)."""
     episodes = []
     lags = []
     for e in group.episodes:
@@ -304,9 +307,16 @@ def filter_group(group: Group, version: int, max_staleness: int, stats: StepStat
     rewards: list[float] = []
     unrewarded = tokens = 0
     for e in episodes:
-        rewards.append(e.reward or 0.0)
         tokens += e.generated_tokens
         kept = [s for s in e.samples if s.reward is not None]  # off a rewarded branch: no signal to learn from
+        reward = e.reward or 0.0
+        if any(s.finish_reason == "length" for s in e.samples):
+            stats.truncated_episodes += 1
+            if truncated_reward is not None:
+                reward = truncated_reward
+                for s in kept:
+                    s.reward = truncated_reward
+        rewards.append(reward)
         unrewarded += len(e.samples) - len(kept)
         rewarded.append(kept)
     stats.unrewarded += unrewarded
@@ -431,7 +441,8 @@ async def grpo_loop(
                 group = await _next_group(queue, producer)
                 resampled = stats.resampled_groups
                 kept = filter_group(group, state.version, cfg.max_staleness, stats, batch,
-                                    resample=cfg.dynamic_sampling and resampled < resample_cap)
+                                    resample=cfg.dynamic_sampling and resampled < resample_cap,
+                                    truncated_reward=cfg.truncated_reward)
                 if stats.resampled_groups > resampled:  # no signal: played again with a fresh group
                     await runner.client.grant_capacity(runner.group_size)
                     await allowance.grant(runner.group_size)
@@ -508,6 +519,7 @@ def _finish_metrics(metrics: dict[str, float], state: LoopState, stats: StepStat
         # every played episode's mean reward (with dynamic_sampling, ``reward`` is over the kept groups only)
         "reward_all": sum(stats.all_rewards) / max(len(stats.all_rewards), 1),
         "unrewarded_samples": float(stats.unrewarded),
+        "truncated_episodes": float(stats.truncated_episodes),  # played ones, resampled groups' included
         "generated_tokens": float(stats.generated_tokens),
         "rollout_s": t_rollout, "train_s": t_train, "sync_s": t_sync,
         "step_s": time.perf_counter() - t0,

@@ -43,8 +43,8 @@ ENTROPY_COLLAPSE = 0.05  # nats per generated token: below it the policy samples
 
 
 def _signal(metrics: dict[str, float]) -> str:
-    """``signal 3/4 ent 1.23 ``: groups whose rewards varied (the others teach nothing) and the policy's
-    mean token entropy; empty for metrics without them."""
+    """``signal 3/4 ent 1.23 cut 5 ``: groups whose rewards varied (the others teach nothing), the policy's
+    mean token entropy and the played episodes with a reply cut by max_tokens; empty for metrics without them."""
     out = ""
     if "groups" in metrics:
         groups = int(metrics["groups"])
@@ -53,6 +53,8 @@ def _signal(metrics: dict[str, float]) -> str:
             out += f"(+{int(metrics['resampled_groups'])} resampled) "
     if "entropy" in metrics:
         out += f"ent {metrics['entropy']:.2f} "
+    if metrics.get("truncated_episodes"):
+        out += f"cut {int(metrics['truncated_episodes'])} "  # episodes with a reply cut by max_tokens
     return out
 
 
