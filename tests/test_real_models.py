@@ -184,6 +184,20 @@ def test_number_only_reward_scores_the_skill_and_the_format():
     assert number_only_reward("", "52") == number_only_reward("fifty-two", "52") == 0.0
 
 
+def test_the_demo_trains_on_number_first_and_measures_with_number_only():
+    from rlgate.demo.math_agent import number_first_reward, number_only_reward, reward_for
+    from rlgate.demo.real import real_task
+
+    assert number_first_reward("52", "52") == number_first_reward("52.", "52") == 1.0
+    assert number_first_reward("52 is larger.", "52") == 0.5  # one token from the bare number
+    assert number_first_reward("The answer is 52.", "52") == 0.0  # a prefix to unlearn: no credit
+    assert number_first_reward("47 is larger.", "52") == number_first_reward("47", "52") == 0.0
+    split = real_task(seed=0, kinds=("larger",), train_reward="number-first")
+    assert {reward_for(d) for d in split.train} == {number_first_reward}
+    assert {reward_for(d) for d in split.heldout} == {number_only_reward}  # the table's definitions
+    assert not {d["question"] for d in split.train} & {d["question"] for d in split.heldout}
+
+
 def test_closeness_reward_gives_partial_credit_for_a_near_answer():
     from rlgate.demo.math_agent import closeness_reward, reward_for
     from rlgate.demo.tasks import sum_task

@@ -70,6 +70,17 @@ def number_only_reward(reply: str, answer: str | int | float) -> float:
     return 0.0
 
 
+def number_first_reward(reply: str, answer: str | int | float) -> float:
+    """:func:`number_only_reward` with partial credit only for a reply that *starts* with the right number
+    ("52 is larger." 0.5; "The answer is 52." 0): the path from prose to the bare number is then one
+    token (end the reply after the number), not a prefix to unlearn. The demo trains on it and measures
+    with :func:`number_only_reward` (docs/training.md §6)."""
+    score = number_only_reward(reply, answer)
+    if score != 0.5:
+        return score
+    return 0.5 if _NUMBER.match((reply or "").strip()) else 0.0
+
+
 def closeness_reward(reply: str, answer: str | int | float, scale: float = 10.0) -> float:
     """Partial credit: ``max(0, 1 - |last number - answer| / scale)``: 1.0 for the right answer, 0.9 one
     off, ..., 0.0 from ``scale`` off or without a number."""
@@ -81,9 +92,11 @@ def closeness_reward(reply: str, answer: str | int | float, scale: float = 10.0)
 
 def reward_for(data: dict[str, Any]) -> Any:
     """The reward an item asks for: ``data["format"]`` ``"number"`` -> :func:`number_only_reward`,
-    ``"closeness"`` -> :func:`closeness_reward`, else :func:`math_reward`."""
+    ``"number-first"`` -> :func:`number_first_reward`, ``"closeness"`` -> :func:`closeness_reward`, else
+    :func:`math_reward`."""
     fmt = data.get("format")
-    return number_only_reward if fmt == "number" else closeness_reward if fmt == "closeness" else math_reward
+    by_format = {"number": number_only_reward, "number-first": number_first_reward, "closeness": closeness_reward}
+    return by_format.get(fmt, math_reward)
 
 
 class _Agent:

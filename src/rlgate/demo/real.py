@@ -65,6 +65,9 @@ class RealDemoSettings(DemoSettings):
     lora_alpha: int = 32
     dtype: Literal["float32", "bfloat16", "mixed"] = "mixed"  # train.dtype: bfloat16 forward and backward
     dynamic_sampling: bool = True
+    truncated_reward: float | None = 0.0  # a reply cut at max_tokens earns 0 in training (not in evaluation)
+    train_reward: str = "number-first"  # partial credit only for a reply that starts with the right number
+    clip_high: float | None = 0.28  # grpo.clip_high: DAPO's clip-higher, against the entropy collapse (docs/training.md §6)
     kinds: tuple[str, ...] = ("larger",)  # the questions asked: ("larger", "smaller") for both
     max_tokens: int = 8
     concurrency: int = 32
@@ -74,14 +77,17 @@ class RealDemoSettings(DemoSettings):
     final_eval_samples: int = 2
 
 
-def real_task(seed: int = 0, kinds: tuple[str, ...] = ("larger", "smaller")) -> TaskSplit:
-    """The math task with the format instruction and the format-enforcing reward."""
+def real_task(seed: int = 0, kinds: tuple[str, ...] = ("larger", "smaller"),
+              train_reward: str = "number") -> TaskSplit:
+    """The math task with the format instruction and the format-enforcing reward: held-out items are
+    scored by :func:`~rlgate.demo.math_agent.number_only_reward`, training items by the reward
+    ``train_reward`` names (``reward_for``'s formats: "number", "number-first")."""
     split = math_task(seed, kinds=kinds)
 
-    def fmt(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{**d, "question": d["question"] + FORMAT, "format": "number"} for d in items]
+    def fmt(items: list[dict[str, Any]], reward: str) -> list[dict[str, Any]]:
+        return [{**d, "question": d["question"] + FORMAT, "format": reward} for d in items]
 
-    return TaskSplit(train=fmt(split.train), heldout=fmt(split.heldout))
+    return TaskSplit(train=fmt(split.train, train_reward), heldout=fmt(split.heldout, "number"))
 
 
 def rate(result: Any, threshold: float = 1.0) -> tuple[float, float]:
@@ -121,7 +127,8 @@ def demo_config(settings: RealDemoSettings, *, model_dir: Path, out: Path, url: 
         steps=settings.steps, seed=seed, checkpoint_every=settings.steps or 1, keep_checkpoints=1, resume=False,
         grpo=GRPOConfig(lr=settings.lr, groups_per_step=settings.groups_per_step, max_staleness=0,
                         scale_adv_by_std=False, micro_batch_size=32, pad_token_id=0, device=device,
-                        dynamic_sampling=settings.dynamic_sampling),
+                        dynamic_sampling=settings.dynamic_sampling, truncated_reward=settings.truncated_reward,
+                        clip_high=settings.clip_high),
         train=ModelSettings(dtype=settings.dtype,
                             lora=LoraSettings(r=settings.lora_r, alpha=settings.lora_alpha) if settings.lora_r else None),
         rollout=RolloutSettings(group_size=settings.group_size, concurrency=settings.concurrency,
@@ -199,7 +206,7 @@ def run_real_demo(out: Path, *, model: str = DEFAULT_MODEL, seed: int = 0, steps
     except ModelNotFound as exc:
         raise SystemExit(f"rlgate: {exc}") from None
     t_model = time.perf_counter() - t_start
-    split = real_task(seed=0, kinds=settings.kinds)  # the same split for every seed
+    split = real_task(seed=0, kinds=settings.kinds, train_reward=settings.train_reward)  # one split for every seed
     admin_key = secrets.token_urlsafe(32)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
