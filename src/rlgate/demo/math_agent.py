@@ -94,7 +94,7 @@ def reward_for(data: dict[str, Any]) -> Any:
     """The reward an item asks for: ``data["format"]`` ``"number"`` -> :func:`number_only_reward`,
     ``"number-first"`` -> :func:`number_first_reward`, ``"closeness"`` -> :func:`closeness_reward`, else
     :func:`math_reward`."""
-    fmt = data.get("format")
+    fmt = str(data.get("format"))
     by_format = {"number": number_only_reward, "number-first": number_first_reward, "closeness": closeness_reward}
     return by_format.get(fmt, math_reward)
 
