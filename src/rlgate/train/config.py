@@ -62,8 +62,9 @@ class GRPOConfig(_Strict):
     max_resampled_groups: int | None = Field(default=None, ge=0, description="dynamic_sampling: groups replaced per "
                                              "step at most (None: groups_per_step); then the step trains as is")
     truncated_reward: float | None = Field(
-        default=None, description="an episode with a reply cut by max_tokens (finish_reason length) earns this reward "
-        "instead of its own, e.g. 0: a cut reply is not an answer (DAPO's overlong filtering); None: the agent's")
+        default=None, allow_inf_nan=False, description="an episode with a reply cut by max_tokens (finish_reason "
+        "length) earns this reward instead of its own, e.g. 0: a cut reply is not an answer (DAPO's overlong "
+        "filtering); None: the agent's")
     skip_no_signal_updates: bool = Field(default=True, description="a step whose every advantage is 0 applies no "
                                          "update (AdamW's momentum would move the weights with no signal) and "
                                          "pushes no weights")
