@@ -63,14 +63,13 @@ def wired(tokenizer, stop_ids, *, stepper=None, publish=None, store=None, script
     from rlgate.engine.fake import FakeEngine
     from rlgate.online.canary import Canary
     from rlgate.online.groups import LiveGroups, scorer_of
-    from rlgate.online.options import OnlineOptions
     from rlgate.online.trainer import OnlineTrainer
     from rlgate.online.training import OnlineTraining
     from rlgate.online.versions import TwoSlotEngine
     from rlgate.server.app import create_app
     from rlgate.store.base import MemoryStore
 
-    options = OnlineOptions(**opts)
+    options = OnlineConfig(**opts)
     canary = Canary(options)
     engines = TwoSlotEngine(FakeEngine(tokenizer, output_tokens=3, script=script),
                             FakeEngine(tokenizer, output_tokens=3, script=script), canary)

@@ -1,8 +1,8 @@
 """Each configuration knob's default is written once in ``src/`` (issue 37).
 
 A knob is a field of a configuration class (``rlgate serve``'s dataclasses in ``config.py`` and
-``engine/options.py``, the training run's sections in ``train/config.py``, the online trainer's
-``online/options.py``). Anywhere else in ``src/`` a parameter or field of the same name may take
+``engine/options.py``, the training run's sections in ``train/config.py``, the online mode's
+``OnlineConfig`` in ``config.py``). Anywhere else in ``src/`` a parameter or field of the same name may take
 that default by reference (``GatewayConfig.shutdown_timeout``, ``runner.EPISODE_TIMEOUT_S``) or set
 its own, different value (a demo's settings, which may agree with another demo's); what fails is the
 owner's literal written again, which drifts the day one copy is changed (``episode_timeout`` was 300
@@ -22,7 +22,7 @@ import rlgate
 
 SRC = Path(rlgate.__file__).parent
 OWNERS = ("config.py", "engine/options.py", "engine/remote/options.py", "store/base.py", "train/config.py",
-          "online/options.py", "cli.py")
+          "cli.py")
 NOT_KNOBS = {
     "seed": "each task, agent and demo seeds its own randomness with 0",
     "host": "127.0.0.1 is the loopback every server binds by default (security.md); not one setting",

@@ -99,15 +99,14 @@ async def test_the_two_slot_engine_of_online_training_is_in_the_metrics(asgi_cli
     """Under --online-train the gateway serves a TwoSlotEngine: its slots' numbers, summed, are in /metrics,
     and the queue-time histogram reaches both slots."""
     from helpers import ADMIN_KEY
-    from rlgate.config import GatewayConfig
+    from rlgate.config import GatewayConfig, OnlineConfig
     from rlgate.online.canary import Canary
-    from rlgate.online.options import OnlineOptions
     from rlgate.online.versions import TwoSlotEngine
     from rlgate.server.app import create_app
     from rlgate.store.base import MemoryStore
 
     slots = [StatsEngine(tokenizer), StatsEngine(tokenizer)]
-    engine = TwoSlotEngine(slots[0], slots[1], Canary(OnlineOptions()))
+    engine = TwoSlotEngine(slots[0], slots[1], Canary(OnlineConfig()))
     assert capabilities(engine) == {"HasStats", "QueueWaitObservable"}
     app = create_app(GatewayConfig(admin_key=ADMIN_KEY), engine, MemoryStore(), tokenizer, stop_token_ids=stop_ids)
     async with asgi_client(app) as c:
@@ -120,5 +119,5 @@ async def test_the_two_slot_engine_of_online_training_is_in_the_metrics(asgi_cli
         r = await c.get("/metrics", headers=admin_headers())
         values = {s.name: s.value for f in text_string_to_metric_families(r.text) for s in f.samples}
         assert values["rlgate_queue_seconds_count"] == 1
-    plain = TwoSlotEngine(FakeEngine(tokenizer), FakeEngine(tokenizer), Canary(OnlineOptions()))
+    plain = TwoSlotEngine(FakeEngine(tokenizer), FakeEngine(tokenizer), Canary(OnlineConfig()))
     assert plain.stats() == {}  # fakes report nothing: /metrics shows 0 running, no occupancy

@@ -8,16 +8,16 @@ import random
 
 import pytest
 
+from rlgate.config import OnlineConfig
 from rlgate.engine.base import GenerateRequest, SamplingParams
 from rlgate.engine.fake import FakeEngine
 from rlgate.online.canary import Canary
-from rlgate.online.options import OnlineOptions
 from rlgate.online.sequential import RunningMean, compare, radius
 from rlgate.online.versions import TwoSlotEngine
 
 
 def _canary(**kw: object) -> Canary:
-    return Canary(OnlineOptions(**kw), rng=random.Random(0))  # type: ignore[arg-type]
+    return Canary(OnlineConfig(**kw), rng=random.Random(0))  # type: ignore[arg-type]
 
 
 def test_radius_shrinks_and_covers_the_mean_at_every_size() -> None:

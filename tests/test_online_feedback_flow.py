@@ -10,10 +10,10 @@ import random
 
 from helpers import admin_headers, eventually
 from online_helpers import chat, new_tenant, reply_of, wired
+from rlgate.config import OnlineConfig
 from rlgate.engine.base import GenerateRequest, SamplingParams
 from rlgate.engine.fake import FakeEngine
 from rlgate.online.canary import Canary
-from rlgate.online.options import OnlineOptions
 from rlgate.online.versions import TwoSlotEngine
 
 
@@ -66,7 +66,7 @@ def _route_all(engine: TwoSlotEngine, sessions: list[str]) -> None:
 def test_the_next_candidate_loads_a_minute_after_a_promotion_and_at_once_after_a_rollback(tokenizer) -> None:
     """The issue: --conversation-idle-s 600 blocked the next candidate for 10 minutes after each promotion."""
     now = [1000.0]
-    canary = Canary(OnlineOptions(canary_share=0.5), clock=lambda: now[0], rng=random.Random(0))
+    canary = Canary(OnlineConfig(canary_share=0.5), clock=lambda: now[0], rng=random.Random(0))
     engine = TwoSlotEngine(FakeEngine(tokenizer, output_tokens=2), FakeEngine(tokenizer, output_tokens=2), canary)
 
     async def noop(e: object) -> None:
@@ -102,7 +102,7 @@ async def test_trainer_candidates_and_pushed_checkpoints_never_share_a_version(
     from rlgate.train.policy import save_for_serving
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    training = build_online_training(model, OnlineOptions(train=True), tokenizer)
+    training = build_online_training(model, OnlineConfig(train=True), tokenizer)
     policy = training.trainer.stepper
     app = create_app(GatewayConfig(admin_key=ADMIN_KEY), training.engines, MemoryStore(), tokenizer,
                      stop_token_ids=stop_ids, online=OnlineConfig(online=True), online_training=training)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import random
 
+from rlgate.config import OnlineConfig
 from rlgate.engine.base import SamplingParams
 from rlgate.engine.fake import FakeEngine
 from rlgate.online.groups import LiveGroup, LiveGroups, TokenBudget, scorer_of
-from rlgate.online.options import OnlineOptions
 from rlgate.trajectory.interaction import Interaction
 from rlgate.trajectory.reward import FinishedEpisode
 
@@ -44,7 +44,7 @@ def test_a_live_group_is_k_scored_replies_to_the_same_prompt(tokenizer) -> None:
             assert episode.final_text == episode.samples[0].output_text
             return -float(episode.samples[0].generated_tokens)
 
-        groups = LiveGroups(OnlineOptions(group_fraction=1.0, group_size=4, reward_low=-10.0), engine,
+        groups = LiveGroups(OnlineConfig(group_fraction=1.0, group_size=4, reward_low=-10.0), engine,
                             scorer_of(shorter), got.append, decode=tokenizer.decode)
         inter = _interaction(tokenizer)
         assert groups.offer(inter, SamplingParams(max_new_tokens=4), "conv-1", "tn-1")
@@ -68,7 +68,7 @@ def test_a_live_group_is_k_scored_replies_to_the_same_prompt(tokenizer) -> None:
 def test_groups_are_shed_under_load_and_over_budget(tokenizer) -> None:
     async def main() -> LiveGroups:
         waiting = [3]
-        groups = LiveGroups(OnlineOptions(group_fraction=1.0, group_size=3, group_tokens_per_minute=20,
+        groups = LiveGroups(OnlineConfig(group_fraction=1.0, group_size=3, group_tokens_per_minute=20,
                                           group_shed_waiting=0), FakeEngine(tokenizer, output_tokens=2),
                             scorer_of(lambda s: 1.0), lambda g: None, decode=tokenizer.decode,
                             waiting=lambda: waiting[0], rng=random.Random(0))
@@ -94,7 +94,7 @@ def test_a_failing_scorer_costs_the_user_nothing(tokenizer) -> None:
             raise RuntimeError("judge down")
 
         got: list[LiveGroup] = []
-        groups = LiveGroups(OnlineOptions(group_fraction=1.0), FakeEngine(tokenizer, output_tokens=2),
+        groups = LiveGroups(OnlineConfig(group_fraction=1.0), FakeEngine(tokenizer, output_tokens=2),
                             scorer_of(broken), got.append, decode=tokenizer.decode)
         assert groups.offer(_interaction(tokenizer), SamplingParams(max_new_tokens=2), "c")
         while groups.in_flight:
@@ -108,10 +108,10 @@ def test_a_failing_scorer_costs_the_user_nothing(tokenizer) -> None:
 def test_fraction_zero_or_an_aborted_reply_never_starts_a_group(tokenizer) -> None:
     async def main() -> None:
         engine = FakeEngine(tokenizer)
-        off = LiveGroups(OnlineOptions(group_fraction=0.0), engine, scorer_of(lambda s: 0.0), lambda g: None,
+        off = LiveGroups(OnlineConfig(group_fraction=0.0), engine, scorer_of(lambda s: 0.0), lambda g: None,
                          decode=tokenizer.decode)
         assert not off.offer(_interaction(tokenizer), SamplingParams(), "c")
-        on = LiveGroups(OnlineOptions(group_fraction=1.0), engine, scorer_of(lambda s: 0.0), lambda g: None,
+        on = LiveGroups(OnlineConfig(group_fraction=1.0), engine, scorer_of(lambda s: 0.0), lambda g: None,
                         decode=tokenizer.decode)
         aborted = _interaction(tokenizer)
         aborted.finish_reason = "abort"
@@ -140,7 +140,7 @@ def test_a_judge_scores_the_group_side_by_side(tokenizer) -> None:
         judge = Judge("http://judge.invalid/v1", rubric="shorter is better")
         judge._http = httpx.AsyncClient(transport=httpx.MockTransport(endpoint))
         got: list[LiveGroup] = []
-        groups = LiveGroups(OnlineOptions(group_fraction=1.0, group_size=3), FakeEngine(tokenizer, output_tokens=2),
+        groups = LiveGroups(OnlineConfig(group_fraction=1.0, group_size=3), FakeEngine(tokenizer, output_tokens=2),
                             scorer_of(judge), got.append, decode=tokenizer.decode)
         inter = _interaction(tokenizer)
         inter.messages = []

@@ -9,9 +9,9 @@ import random
 
 from helpers import admin_headers, eventually
 from online_helpers import new_tenant, wired
+from rlgate.config import OnlineConfig
 from rlgate.online.canary import Canary
 from rlgate.online.hacking import HackingGuards, flags_of
-from rlgate.online.options import OnlineOptions
 
 NORMAL = ["Paris is the capital of France.", "Sorting a list in Python uses sorted or list.sort.",
           "A good book is Middlemarch by George Eliot.", "Recursion is a function calling itself.",
@@ -35,7 +35,7 @@ def test_the_signs_of_one_reply() -> None:
 
 
 def _guards(**kw: object) -> HackingGuards:
-    o = OnlineOptions(hacking_reference_replies=20, hacking_window=40, hacking_min_replies=20, **kw)  # type: ignore[arg-type]
+    o = OnlineConfig(hacking_reference_replies=20, hacking_window=40, hacking_min_replies=20, **kw)  # type: ignore[arg-type]
     return HackingGuards(o, reference_version=0, clock=lambda: 0.0)
 
 
@@ -67,7 +67,7 @@ def test_guards_fire_on_a_version_that_hacks_and_hold_its_promotion() -> None:
 
 def test_a_fixed_quality_floor() -> None:
     def run(canary_mean: float) -> Canary:
-        c = Canary(OnlineOptions(canary_floor=0.5, canary_min_samples=20, canary_margin=0.5), rng=random.Random(0))
+        c = Canary(OnlineConfig(canary_floor=0.5, canary_min_samples=20, canary_margin=0.5), rng=random.Random(0))
         c.start(1)
         rng = random.Random(1)
         for _ in range(3000):

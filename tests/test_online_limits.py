@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 from online_helpers import chat, new_tenant, online_app
+from rlgate.config import OnlineConfig
 from rlgate.online.groups import LiveGroup
-from rlgate.online.options import OnlineOptions
 from rlgate.online.trainer import OnlineTrainer
 from rlgate.trajectory.sample import Sample
 
@@ -97,7 +97,7 @@ def test_one_tenant_takes_at_most_its_share_of_a_step_while_others_wait() -> Non
     import asyncio
 
     now = time.time()
-    t = OnlineTrainer(OnlineOptions(train_batch=8, train_batch_max=8, tenant_train_share=0.5, replay_fraction=0.0),
+    t = OnlineTrainer(OnlineConfig(train_batch=8, train_batch_max=8, tenant_train_share=0.5, replay_fraction=0.0),
                       Keep(), publish)
     for k in range(20):
         t.add_feedback(_sample(f"flood-{k}", float(k % 2)), f"f{k}", "tn-flood", now)
@@ -115,7 +115,7 @@ def test_an_overflowing_queue_drops_the_heaviest_tenants_samples() -> None:
     async def publish() -> int | None:
         return None
 
-    t = OnlineTrainer(OnlineOptions(pending_limit=6), object(), publish)  # type: ignore[arg-type]
+    t = OnlineTrainer(OnlineConfig(pending_limit=6), object(), publish)  # type: ignore[arg-type]
     now = time.time()
     t.add_feedback(_sample("quiet-0", 1.0), "q", "tn-quiet", now)
     t.add_group(LiveGroup("g", "q", "tn-quiet", [_sample("quiet-1", 1.0), _sample("quiet-2", 0.0)], created_at=now))

@@ -12,8 +12,8 @@ import pytest
 
 from helpers import admin_headers, eventually
 from online_helpers import chat, new_tenant, wired
+from rlgate.config import OnlineConfig
 from rlgate.online.groups import LiveGroups, scorer_of
-from rlgate.online.options import OnlineOptions
 from rlgate.online.trainer import OnlineTrainer
 from rlgate.trajectory.sample import Sample
 
@@ -71,7 +71,7 @@ def test_samples_with_a_non_finite_reward_or_logprob_never_queue() -> None:
         def step(self, samples, group_ids, current_version):  # pragma: no cover - must not be called
             raise AssertionError("stepped")
 
-    t = OnlineTrainer(OnlineOptions(train_batch=1), Never(), publish)
+    t = OnlineTrainer(OnlineConfig(train_batch=1), Never(), publish)
     t.add_feedback(_sample("inf-reward", math.inf), "c", "tn", 0.0)
     t.add_feedback(_sample("nan-logprob", 1.0, logprob=math.nan), "c", "tn", 0.0)
     from rlgate.online.groups import LiveGroup
@@ -92,7 +92,7 @@ def test_a_judge_giving_nan_loses_its_group_and_big_scores_are_clipped(tokenizer
         async def judge(samples):
             return scores
 
-        groups = LiveGroups(OnlineOptions(group_fraction=1.0, group_size=3), FakeEngine(tokenizer, output_tokens=2),
+        groups = LiveGroups(OnlineConfig(group_fraction=1.0, group_size=3), FakeEngine(tokenizer, output_tokens=2),
                             judge, got.append, decode=tokenizer.decode)
         assert groups.offer(_interaction(tokenizer), SamplingParams(max_new_tokens=2), "c", "tn")
         await eventually(lambda: groups.in_flight == 0, what="the group")
@@ -117,12 +117,12 @@ async def test_a_non_finite_step_is_discarded_alarmed_never_published_and_traini
     from rlgate.train.online import build_online_training
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    options = OnlineOptions(train=True, lr=1e-2, train_batch=2, replay_fraction=1.0)
+    options = OnlineConfig(train=True, lr=1e-2, train_batch=2, replay_fraction=1.0)
     training = build_online_training(model, options, tokenizer)
     trainer, engines = training.trainer, training.engines
     assert trainer is not None and engines is not None
     from helpers import ADMIN_KEY
-    from rlgate.config import GatewayConfig, OnlineConfig
+    from rlgate.config import GatewayConfig
     from rlgate.server.app import create_app
     from rlgate.store.base import MemoryStore
 

@@ -80,7 +80,7 @@ def test_a_lora_trainer_with_kl_trains_only_its_adapters_and_publishes_merged_we
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlgate.online.options import OnlineOptions
+    from rlgate.config import OnlineConfig
     from rlgate.train.config import GRPOConfig, LoraSettings, ModelSettings, OnlineTrainConfig
     from rlgate.train.online import build_online_training
     from rlgate.trajectory.sample import Sample
@@ -89,7 +89,7 @@ def test_a_lora_trainer_with_kl_trains_only_its_adapters_and_publishes_merged_we
     base = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = OnlineTrainConfig(grpo=GRPOConfig(lr=5e-2, kl_coef=0.1, device="cpu"),
                             train=ModelSettings(lora=LoraSettings(r=4, alpha=8)))
-    training = build_online_training(model, OnlineOptions(train=True), tokenizer, train_config=cfg)
+    training = build_online_training(model, OnlineConfig(train=True), tokenizer, train_config=cfg)
     assert training.trainer is not None and training.engines is not None
     policy = training.trainer.stepper
     trainable = {n for n, p in policy.trainer.model.named_parameters() if p.requires_grad}

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from helpers import eventually
+from rlgate.config import OnlineConfig
 from rlgate.online.groups import LiveGroup
-from rlgate.online.options import OnlineOptions
 from rlgate.online.trainer import OnlineTrainer
 from rlgate.trajectory.sample import Sample
 
@@ -41,7 +41,7 @@ def _trainer(now: list[float], published: list[int] | None = None, **kw: object)
         published.append(v)
         return v
 
-    return OnlineTrainer(OnlineOptions(**kw), rec, publish, clock=lambda: now[0]), rec  # type: ignore[arg-type]
+    return OnlineTrainer(OnlineConfig(**kw), rec, publish, clock=lambda: now[0]), rec  # type: ignore[arg-type]
 
 
 def test_a_step_waits_for_a_batch_then_trains_groups_and_feedback() -> None:
@@ -163,7 +163,7 @@ def _wired(tokenizer, stop_ids, redaction: str | None = None, **opts: object):
     from rlgate.server.app import create_app
     from rlgate.store.base import MemoryStore
 
-    options = OnlineOptions(**opts)  # type: ignore[arg-type]
+    options = OnlineConfig(**opts)  # type: ignore[arg-type]
     canary = Canary(options)
     engines = TwoSlotEngine(FakeEngine(tokenizer, output_tokens=3), FakeEngine(tokenizer, output_tokens=3), canary)
     rec = Recorder()

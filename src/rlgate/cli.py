@@ -82,11 +82,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_arguments(p.add_argument_group("engine"), EngineOptions)
     add_arguments(p.add_argument_group("remote engines (--engine sglang | vllm)"), RemoteOptions)
     add_arguments(p.add_argument_group("store"), StoreOptions)
-    add_arguments(p.add_argument_group("online: real traffic, tenants, feedback (see docs/online.md)"), OnlineConfig)
-    from rlgate.online.options import OnlineOptions
-
-    add_arguments(p.add_argument_group("online training: live groups, continuous trainer, canary (docs/online.md)"),
-                  OnlineOptions)
+    add_arguments(p.add_argument_group("online: real traffic, tenants, feedback; online training: live groups, "
+                                       "continuous trainer, canary (see docs/online.md)"), OnlineConfig)
     add_arguments(p.add_argument_group("replicas on Ray (see docs/scale-out.md)"), ClusterConfig)
 
 
@@ -111,22 +108,18 @@ def gateway_config(args: argparse.Namespace, admin_key: str) -> GatewayConfig:
     return config
 
 
-def online_options(args: argparse.Namespace, engine: str) -> Any:
-    """The online-training settings when ``--online-train`` is on (None: off); SystemExit for a bad combination."""
-    from rlgate.online.options import OnlineOptions
-
+def online_config(args: argparse.Namespace, engine: str) -> OnlineConfig:
+    """The online mode's settings (serving and online training); SystemExit for a bad value or combination."""
     try:
-        learning = from_arguments(OnlineOptions, args)
+        online = from_arguments(OnlineConfig, args)
     except ValueError as exc:
         raise SystemExit(f"rlgate: {exc}") from exc
-    if not learning.train:
-        return None
-    if not args.online or engine != "local":
+    if online.train and (not online.online or engine != "local"):
         raise SystemExit("rlgate: --online-train learns from real traffic: it needs --online and --engine local")
-    return learning
+    return online
 
 
-def online_training(model_dir: str, learning: Any, tokenizer: Any, engine_kwargs: dict[str, Any]) -> Any:
+def online_training(model_dir: str, learning: OnlineConfig, tokenizer: Any, engine_kwargs: dict[str, Any]) -> Any:
     """Online training on two local engines holding ``model_dir`` (train/online.py)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -160,7 +153,7 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     tokenizer = load_tokenizer(args.model, args.chat_template)
     config = gateway_config(args, admin_key)
     options = from_arguments(EngineOptions, args)
-    learning = online_options(args, options.engine)
+    online = online_config(args, options.engine)
     training = None
     engine: Any
     if options.engine == "fake":
@@ -189,8 +182,8 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
                                          "max_context_length": config.context_length,
                                          "max_rows_per_session": options.max_rows_per_session,
                                          "weight_check_tolerance": options.weight_check_tolerance}
-        if learning is not None:  # two engines (stable + canary) and the trainer: train/online.py
-            training = online_training(args.model, learning, tokenizer, engine_kwargs)
+        if online.train:  # two engines (stable + canary) and the trainer: train/online.py
+            training = online_training(args.model, online, tokenizer, engine_kwargs)
             engine = training.engines
         else:
             engine = local_engine(args.model, **engine_kwargs)
@@ -202,7 +195,7 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     logging.getLogger("rlgate").info("store: %s", getattr(store, "path", ":memory: (nothing is persisted)"))
     try:
         app = create_app(config, engine, store, tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model),
-                         online=from_arguments(OnlineConfig, args), online_training=training)
+                         online=online, online_training=training)
     except (StoreError, ValueError) as exc:  # the store file could not be loaded; an unknown --renderer / parser
         store.close()
         raise SystemExit(f"rlgate: {exc}") from exc

@@ -213,8 +213,9 @@ class ClusterConfig:
 
 @dataclass
 class OnlineConfig:
-    """Serving real traffic (``rlgate serve --online``; see docs/online.md): tenant keys, conversations,
-    feedback and its rewards, data rights. Part 2's live groups, trainer and canary: ``online/options.py``."""
+    """The online mode (``rlgate serve --online``; docs/online.md), one class for both parts: serving real
+    traffic (tenant keys, conversations, feedback and its rewards, data rights, fair limits) and learning
+    from it (``--online-train``: live groups, the continuous trainer, the canary, reward-hacking guards)."""
 
     online: bool = option(False, "serve real traffic: API keys per tenant (POST /v1/tenants), conversations "
                           "recognised from a header or by token-exact parent matching, the feedback API "
@@ -263,10 +264,98 @@ class OnlineConfig:
         300.0, "release (end) a tenant's conversation session after this many seconds without a turn; its next "
         "turn starts a new session (recorded as a new root). 0: only the gateway's hour-long idle sweeper")
 
+    # ==== online training (--online-train): live groups, the continuous trainer, the canary; read by
+    # online/groups.py, online/trainer.py and online/canary.py (docs/online.md)
+
+    train: bool = option(False, "learn while serving (with --online and --engine local): live groups, the "
+                         "continuous trainer and the canary on a second engine (docs/online.md)", flag="--online-train")
+    lr: float = option(1e-5, "the online trainer's AdamW learning rate (grpo.lr of --online-train-config wins)",
+                       flag="--online-lr")
+    train_config: str | None = option(
+        None, "a YAML file with rlgate train's grpo: and train: sections for the online trainer (KL, clipping, "
+        "warmup, micro-batches, dtype, LoRA; docs/online.md); the offline loop's batch keys are refused (none: "
+        "rlgate train's defaults)", flag="--online-train-config", metavar="PATH")
+    # ---- live groups
+    group_fraction: float = option(0.0, "fraction of completed replies that get k-1 extra replies to the same "
+                                   "prompt, sampled off the user's path and scored as one GRPO group (0: off)")
+    group_size: int = option(4, "k: replies per live group, the user's own included")
+    group_tokens_per_minute: int = option(20_000, "budget of extra generated tokens per minute for live groups "
+                                          "(a group is skipped when its worst case does not fit)")
+    group_shed_waiting: int = option(0, "skip live groups while the engine has more than this many requests "
+                                     "waiting for a batch row (user traffic first)")
+    group_reward: str | None = option(None, "the reward of live groups: package.module:attribute, a function "
+                                      "(episode) -> float or awaitable, or an object with score_group(episodes)"
+                                      " (none: live groups are off)", metavar="PATH")
+    # ---- continuous trainer
+    train_batch: int = option(32, "rewarded samples (fresh ones, replay excluded) before a training step")
+    train_batch_max: int = option(128, "fresh samples one step takes at most (the oldest first; the rest wait "
+                                  "for the next step)")
+    candidate_steps: int = option(1, "training steps between two canary candidates (a candidate only a step "
+                                  "away from stable differs little, and the canary needs many rewards to tell)")
+    max_staleness_versions: int = option(4, "drop a sample whose oldest token is more than this many versions "
+                                         "behind the trainer")
+    max_staleness_hours: float = option(24.0, "drop a sample generated more than this many hours ago")
+    pending_limit: int = option(4096, "rewarded samples waiting for a step at most (the oldest are dropped "
+                                "beyond it, counted)")
+    replay_fraction: float = option(0.25, "share of a step's samples drawn again from samples already trained "
+                                    "on (within the staleness bounds)")
+    replay_capacity: int = option(512, "samples kept for replay at most")
+    retention_hours: float = option(24.0, "samples leave the replay buffer after this many hours")
+    tenant_train_share: float = option(0.5, "while other tenants' samples wait, one tenant's samples make at most "
+                                       "this share of a step's fresh samples")
+    # ---- canary
+    canary_share: float = option(0.2, "share of new conversations a candidate checkpoint serves")
+    canary_alpha: float = option(0.05, "error level of the canary's sequential test (confidence sequence)")
+    canary_margin: float = option(0.05, "promote once the canary is, with confidence, not worse than stable by "
+                                  "more than this (in reward units)")
+    canary_min_samples: int = option(20, "rewards each version needs before an automatic decision")
+    canary_plan_samples: int = option(200, "sample size where the test's interval is tightest")
+    canary_floor: float | None = option(None, "a fixed quality floor: the canary is promoted only once its mean "
+                                        "live reward is shown at or above it, rolled back once shown below it "
+                                        "(none: only 'not worse than stable')")
+    reward_low: float = option(-1.0, "lowest live reward (the test clips rewards to [low, high])")
+    reward_high: float = option(1.0, "highest live reward")
+    conversation_idle_s: float = option(60.0, "after a promotion the next candidate waits until the previous "
+                                        "stable version's conversations have been idle this long (they keep "
+                                        "their version until then; an idle one may move at its next turn)")
+    # ---- reward-hacking guards (online/hacking.py)
+    hacking_action: Literal["alarm", "pause", "rollback"] = option(
+        "pause", "what a reward-hacking guard firing on the canary does: alarm (log, /health, metrics), pause (also "
+        "no automatic promotion while it fires) or rollback (the canary is rolled back)")
+    hacking_reference_replies: int = option(200, "replies of the starting version that teach the guards the users' "
+                                          "vocabulary, then as many that measure the reference rates")
+    hacking_window: int = option(200, "a version's last replies the guards look at")
+    hacking_min_replies: int = option(50, "replies of a version before its guards may fire (and before it may be "
+                                    "promoted automatically unless hacking_action is alarm)")
+    hacking_margin: float = option(0.15, "a guard fires when a version's rate of a sign exceeds the reference's by "
+                                 "more than this")
+    hacking_entropy_ratio: float = option(0.3, "entropy collapse: a version's mean surprisal per sampled token below "
+                                        "this fraction of the reference's")
+    heldout_check: str | None = option(None, "package.module:attribute: an object with .prompts (lists of chat "
+                                       "messages) and .score(messages, reply) -> float, run on every candidate and "
+                                       "its stable version (operator code, loaded once; none: no held-out guard)",
+                                       metavar="PATH")
+    heldout_margin: float = option(0.1, "the held-out guard fires when a candidate scores more than this below "
+                                   "stable")
+    heldout_max_tokens: int = option(32, "tokens per held-out reply (greedy)")
+    max_conversations: int = option(100_000, "conversation-to-version bindings kept at most (least recent "
+                                    "dropped)")
+
     def __post_init__(self) -> None:
         if not (math.isfinite(self.outcome_low) and math.isfinite(self.outcome_high)
                 and self.outcome_high > self.outcome_low):
             raise ValueError("outcome_high must be above outcome_low, both finite")
+        for name in ("group_fraction", "replay_fraction", "canary_share", "tenant_train_share"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1]")
+        if self.candidate_steps < 1:
+            raise ValueError("candidate_steps must be >= 1")
+        if self.group_size < 2:
+            raise ValueError("group_size must be >= 2 (a GRPO group compares replies)")
+        if not self.reward_high > self.reward_low:
+            raise ValueError("reward_high must be above reward_low")
+        if not 0 < self.canary_alpha < 1:
+            raise ValueError("canary_alpha must be in (0, 1)")
 
 
 # --------------------------------------------------------------------------- command line

@@ -105,7 +105,6 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
     from rlgate.demo.scripted import ensure_tiny_model
     from rlgate.model import load_tokenizer
     from rlgate.online.groups import scorer_of
-    from rlgate.online.options import OnlineOptions
     from rlgate.server.app import create_app
     from rlgate.server.runner import ServerThread
     from rlgate.store.base import MemoryStore
@@ -118,7 +117,7 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
     tokenizer = load_tokenizer(model_dir)
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     start_state = {k: v.detach().clone() for k, v in base.state_dict().items()}
-    options = OnlineOptions(train=True, lr=s.lr, group_fraction=s.group_fraction, group_size=s.group_size,
+    options = OnlineConfig(train=True, lr=s.lr, group_fraction=s.group_fraction, group_size=s.group_size,
                             train_batch=s.train_batch, canary_share=s.canary_share, canary_margin=s.canary_margin,
                             canary_min_samples=s.canary_min_samples, canary_plan_samples=s.canary_plan_samples,
                             candidate_steps=s.candidate_steps, conversation_idle_s=2.0,

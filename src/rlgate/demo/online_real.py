@@ -34,8 +34,8 @@ from typing import Any
 
 import httpx
 
+from rlgate.config import OnlineConfig
 from rlgate.demo.number_users import JudgedWindow, NumberUsers, first_number_score
-from rlgate.online.options import OnlineOptions
 from rlgate.trajectory.reward import FinishedEpisode
 from rlgate.trajectory.sample import Sample
 
@@ -61,9 +61,9 @@ class RealProofSettings:
     canary_min_samples: int = 20
     canary_plan_samples: int = 100
     candidate_steps: int = 2
-    conversation_idle_s: float = OnlineOptions.conversation_idle_s
+    conversation_idle_s: float = OnlineConfig.conversation_idle_s
     hacking_min_replies: int = 20
-    hacking_action: str = OnlineOptions.hacking_action  # the default of rlgate serve
+    hacking_action: str = OnlineConfig.hacking_action  # the default of rlgate serve
     feedback_share: float = 0.7
     outcome_share: float = 0.3
     adversarial_share: float = 0.1
@@ -143,7 +143,7 @@ async def run_real_proof(out_dir: Path, s: RealProofSettings, log: Callable[[str
     save_for_serving(base, bad_path)
     base.load_state_dict(start_state)
     del start_state
-    options = OnlineOptions(train=True, lr=s.lr, group_fraction=s.group_fraction, group_size=s.group_size,
+    options = OnlineConfig(train=True, lr=s.lr, group_fraction=s.group_fraction, group_size=s.group_size,
                             train_batch=s.train_batch, train_batch_max=s.train_batch_max, canary_share=s.canary_share,
                             canary_margin=s.canary_margin, canary_min_samples=s.canary_min_samples,
                             canary_plan_samples=s.canary_plan_samples, candidate_steps=s.candidate_steps,

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from rlgate.online.options import OnlineOptions
+from rlgate.config import OnlineConfig
 from rlgate.online.sequential import Comparison, RunningMean, compare, radius
 
 log = logging.getLogger("rlgate.online.canary")
@@ -71,7 +71,7 @@ class _Binding:
 class Canary:
     """The rollout state of one gateway (see the module docstring)."""
 
-    options: OnlineOptions
+    options: OnlineConfig
     stable_version: int = 0
     canary_version: int | None = None
     pinned: bool = False

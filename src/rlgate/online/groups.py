@@ -40,9 +40,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rlgate.config import OnlineConfig
 from rlgate.engine.base import Engine, GenerateRequest, GenerateResult, SamplingParams
 from rlgate.object_spec import load_object
-from rlgate.online.options import OnlineOptions
 from rlgate.trajectory.export import individual_sample
 from rlgate.trajectory.interaction import Interaction
 from rlgate.trajectory.reward import FinishedEpisode, GroupReward, score_group
@@ -123,7 +123,7 @@ class LiveGroup:
 class LiveGroups:
     """Samples, scores and hands over live groups (see the module docstring)."""
 
-    def __init__(self, options: OnlineOptions, engine: Engine, scorer: GroupScorer,
+    def __init__(self, options: OnlineConfig, engine: Engine, scorer: GroupScorer,
                  sink: Callable[[LiveGroup], None], *, decode: Callable[[list[int]], str],
                  waiting: Callable[[], int] | None = None, rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlgate.online.options import OnlineOptions
+from rlgate.config import OnlineConfig
 
 __all__ = ["REPLY_GUARDS", "HackingGuards", "ReplyFlags", "flags_of"]
 
@@ -138,7 +138,7 @@ def _significant(p1: float, n1: int, p0: float, n0: int, z: float = 3.0) -> bool
 class HackingGuards:
     """Per-version reply guards against the reference version (see the module docstring)."""
 
-    def __init__(self, options: OnlineOptions, reference_version: int, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, options: OnlineConfig, reference_version: int, clock: Callable[[], float] = time.time) -> None:
         self.options = options
         self.reference_version = reference_version
         self.clock = clock

@@ -22,7 +22,7 @@ tenant instead, and releases idle conversations on a schedule that fits online t
   ``tenant_feedback_full``). Counted in memory from one ``COUNT`` per tenant, kept exact by the
   deletions that reset it.
 
-The trainer's share of a step per tenant is ``online/options.py``'s ``tenant_train_share``
+The trainer's share of a step per tenant is ``OnlineConfig.tenant_train_share``
 (``online/trainer.py``).
 """
 

@@ -48,8 +48,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from rlgate.config import OnlineConfig
 from rlgate.online.groups import LiveGroup
-from rlgate.online.options import OnlineOptions
 from rlgate.supervised import forever
 from rlgate.trajectory.batch import StepBatch, lag
 from rlgate.trajectory.sample import Sample
@@ -100,7 +100,7 @@ class Unit:
 class OnlineTrainer:
     """Queue, staleness, replay, deletion and the step loop (see the module docstring)."""
 
-    def __init__(self, options: OnlineOptions, stepper: Stepper, publish: Callable[[], Awaitable[int | None]], *,
+    def __init__(self, options: OnlineConfig, stepper: Stepper, publish: Callable[[], Awaitable[int | None]], *,
                  version: int = 0, clock: Callable[[], float] = time.time, rng: random.Random | None = None) -> None:
         """``publish()``: offer the trainer's weights as the next candidate; its version, or None when none
         can start now (a canary is still running): training goes on and the next step offers again."""

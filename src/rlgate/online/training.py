@@ -18,6 +18,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from rlgate.config import OnlineConfig
 from rlgate.engine.base import SamplingParams
 from rlgate.metrics.guards import GuardSet, GuardSpec
 from rlgate.online.canary import Canary, Decision
@@ -25,7 +26,6 @@ from rlgate.online.feedback_source import FeedbackTail
 from rlgate.online.groups import OUTCOMES, LiveGroup, LiveGroups
 from rlgate.online.hacking import GUARDS, HackingGuards
 from rlgate.online.heldout import HeldOutCheck, heldout_score, load_heldout
-from rlgate.online.options import OnlineOptions
 from rlgate.online.redaction import Redactor
 from rlgate.online.rights import Deletion
 from rlgate.online.trainer import OnlineTrainer
@@ -47,7 +47,7 @@ def redacted(hook: Redactor, sample: Sample) -> Sample | None:
 class OnlineTraining:
     """The learning half of ``rlgate serve --online`` for one gateway."""
 
-    options: OnlineOptions
+    options: OnlineConfig
     canary: Canary
     engines: TwoSlotEngine | None = None  # serves stable + canary (None: one version, no canary slot)
     trainer: OnlineTrainer | None = None

@@ -19,8 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rlgate.config import ClusterConfig, GatewayConfig
-from rlgate.online.options import OnlineOptions
+from rlgate.config import ClusterConfig, GatewayConfig, OnlineConfig
 from rlgate.rollout.errors import RunError
 from rlgate.rollout.runner import CONCURRENCY, EPISODE_TIMEOUT_S, GROUP_SIZE, MAX_CONSECUTIVE_FAILURES
 from rlgate.trajectory.export import DEFAULT_EXPORT_STYLE, NO_DISCOUNT, PAD_TOKEN_ID
@@ -41,7 +40,7 @@ class _Strict(BaseModel):
 class GRPOConfig(_Strict):
     """Optimisation hyper-parameters (rollout settings live in the runner). Unknown keys are errors."""
 
-    lr: float = Field(default=OnlineOptions.lr, gt=0, description="AdamW learning rate (the peak, with lr_schedule)")
+    lr: float = Field(default=OnlineConfig.lr, gt=0, description="AdamW learning rate (the peak, with lr_schedule)")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         default="constant", description="after warmup: constant, linear or cosine decay to 0 at the last step")
     warmup_steps: int = Field(default=0, ge=0, description="steps of linear warmup from lr/(warmup_steps+1) to lr")

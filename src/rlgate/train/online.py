@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
+from rlgate.config import OnlineConfig
 from rlgate.engine.base import Engine
 from rlgate.engine.capabilities import LoadsStateDict
 from rlgate.online.canary import Canary, Decision
 from rlgate.online.groups import GroupScorer, LiveGroups, load_scorer
-from rlgate.online.options import OnlineOptions
 from rlgate.online.trainer import NonFiniteStep, OnlineTrainer
 from rlgate.online.training import OnlineTraining
 from rlgate.online.versions import TwoSlotEngine
@@ -117,7 +117,7 @@ class OnlinePolicy:
             self.online.poke()
 
 
-def build_online_training(model: Any, options: OnlineOptions, tokenizer: Any, *, engine_kwargs: dict[str, Any] | None = None,
+def build_online_training(model: Any, options: OnlineConfig, tokenizer: Any, *, engine_kwargs: dict[str, Any] | None = None,
                           scorer: GroupScorer | None = None, stop_token_ids: Sequence[int] | None = None,
                           train_config: OnlineTrainConfig | None = None) -> OnlineTraining:
     """Online training on the local engine: two engines holding copies of ``model`` (stable + canary slot),
