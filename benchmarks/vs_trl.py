@@ -242,12 +242,13 @@ def run_trl(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout: li
     if rlgate_rollout:  # the prompt column is the question; the episode's data is looked up by it
         from rlgate.demo.agents import EitherSDKMathAgent
         from rlgate.integrations.trl import TRLRollout
+        from rlgate.train.config import RolloutSettings
 
         by_question = {it["question"]: it for it in train}
         data = Dataset.from_list([{"prompt": it["question"]} for it in train])
         rollout = TRLRollout.start(EitherSDKMathAgent(model="policy", max_tokens=s["max_tokens"]), model_dir,
-                                   data_for=by_question.__getitem__, seed=seed, out_dir=out / f"trl-rlgate-{seed}",
-                                   concurrency=s["groups"] * s["group_size"])
+                                   data_for=by_question.__getitem__, out_dir=out / f"trl-rlgate-{seed}",
+                                   rollout=RolloutSettings(seed=seed, concurrency=s["groups"] * s["group_size"]))
 
     def reward(completions: list[Any], answer: list[str], format: list[str], **_: Any) -> list[float | None]:  # noqa: A002
         out: list[float | None] = []

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlgate import GatewaySettings
+    from rlgate import GatewaySettings, RolloutSettings
     from rlgate.demo.math_agent import MathAgent
     from rlgate.integrations.trl import TRLRollout, agent_reward
 
@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         dataloader_num_workers=0,
         bf16=False)  # TRL's default autocasts to bfloat16: its logprobs would then differ from the engine's float32
     rollout = TRLRollout.start(MathAgent(max_tokens=args.max_tokens), model_dir, data_for=items.__getitem__,
-                               seed=args.seed, out_dir=out, gateway=GatewaySettings(port=args.port))
+                               rollout=RolloutSettings(seed=args.seed), out_dir=out,
+                               gateway=GatewaySettings(port=args.port))
     try:
         trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
                               processing_class=AutoTokenizer.from_pretrained(model_dir), args=config,

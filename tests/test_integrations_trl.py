@@ -22,7 +22,7 @@ from helpers import ADMIN_KEY, serve_gateway
 from rlgate.demo.calculator_agent import CalculatorAgent
 from rlgate.integrations.episodes import Chain
 from rlgate.integrations.trl import TRLRollout, agent_reward, default_data_for, trl_batch
-from rlgate.train.config import GatewaySettings
+from rlgate.train.config import GatewaySettings, RolloutSettings
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +58,8 @@ def test_data_for_and_reward_defaults():
 def test_a_multi_turn_episode_is_one_sample_with_the_loss_on_generated_tokens(tiny_tokenizer_dir, tokenizer, tmp_path):
     items = {"What is 2 + 3?": {"question": "What is 2 + 3?", "answer": "5"}, "boom": {"fail": True}}
     with TRLRollout.start(FlakyAgent(), tiny_tokenizer_dir, gateway=GatewaySettings(engine="scripted"),
-                          data_for=items.__getitem__, out_dir=tmp_path, max_consecutive_failures=0) as rollout:
+                          data_for=items.__getitem__, out_dir=tmp_path,
+                          rollout=RolloutSettings(max_consecutive_failures=0)) as rollout:
         out = rollout(["What is 2 + 3?", "What is 2 + 3?", "boom"], _trainer(tokenizer, step=0))
         assert set(out) >= {"prompt_ids", "completion_ids", "logprobs", "env_mask"}
         for k in range(2):  # call the calculator (scripted), read its result, answer
@@ -128,7 +129,7 @@ def test_trl_trains_on_rlgate_rollouts_and_serves_its_new_weights(tiny_model_dir
     initial = copy.deepcopy(model).eval()
     seen: list[dict[str, Any]] = []
 
-    with TRLRollout.start(LengthAgent(), tiny_model_dir, seed=0, out_dir=tmp_path) as rollout:
+    with TRLRollout.start(LengthAgent(), tiny_model_dir, rollout=RolloutSettings(seed=0), out_dir=tmp_path) as rollout:
         def checked(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
             out = rollout(prompts, trainer)
             policy = trainer.accelerator.unwrap_model(trainer.model)

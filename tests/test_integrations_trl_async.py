@@ -26,7 +26,7 @@ import pytest
 
 from rlgate.integrations.episodes import Chain
 from rlgate.integrations.trl_async import group_advantages, rollout_sample
-from rlgate.train.config import GatewaySettings
+from rlgate.train.config import GatewaySettings, RolloutSettings
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -146,8 +146,8 @@ def test_async_grpo_trains_on_rlgate_rollouts_and_serves_its_weights(tiny_model_
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     prompts = [f"Say {k}" for k in range(4)]
     agent = ReplyAgent()
-    with AsyncAgentRollout.open(agent, tiny_model_dir, prompts=prompts, num_generations=4, seed=0,
-                                out_dir=tmp_path, queue_maxsize=8) as rollout:
+    with AsyncAgentRollout.open(agent, tiny_model_dir, prompts=prompts, num_generations=4,
+                                rollout=RolloutSettings(seed=0), out_dir=tmp_path, queue_maxsize=8) as rollout:
         rollout.rollout_buffer = SeenQueue(8)
         config = AsyncGRPOConfig(output_dir=str(tmp_path / "trl"), max_steps=2, learning_rate=1e-2, seed=0,
                                  num_generations=4, per_device_train_batch_size=8, token_budget=0,
@@ -218,7 +218,7 @@ def test_a_failed_episode_queues_nothing_and_stays_out_of_its_group(tiny_model_d
 
     agent = HalfFailingAgent()
     with AsyncAgentRollout.open(agent, tiny_model_dir, prompts=["Say 1"], num_generations=4, groups_in_flight=1,
-                                out_dir=tmp_path, max_consecutive_failures=0) as rollout:
+                                out_dir=tmp_path, rollout=RolloutSettings(max_consecutive_failures=0)) as rollout:
         _push_initial(rollout, tiny_model_dir)
         rollout.start()
         samples = _take(rollout.rollout_buffer, 4)  # two groups of 4 episodes, 2 of each failed
@@ -246,7 +246,7 @@ def test_a_worker_stopped_by_failures_fails_the_trainers_health_check(tiny_model
     from rlgate.integrations.trl_async import AsyncAgentRollout
 
     with AsyncAgentRollout.open(HalfFailingAgent(fail_all=True), tiny_model_dir, prompts=["Say 1"], num_generations=2,
-                                out_dir=tmp_path, max_consecutive_failures=3) as rollout:
+                                out_dir=tmp_path, rollout=RolloutSettings(max_consecutive_failures=3)) as rollout:
         _push_initial(rollout, tiny_model_dir)
         rollout.start()
         assert rollout._producer is not None

@@ -16,7 +16,8 @@ Public surface (everything else is internal and may change)::
       TooManyFailures
     Training
       TrainConfig, load_config, ConfigError               the run configuration (strict)
-      GatewaySettings                                     its gateway: section (also the trl adapter's)
+      GatewaySettings                                     its gateway: section (also the trl adapters')
+      RolloutSettings                                     its rollout: section (also the trl adapters')
       OnlineTrainConfig                                   its grpo: and train: sections for the online trainer
       run_training, Hooks, TrainRun, EvalResult,          the loop wiring `rlgate train` and the demo use
       Interrupt                                           (Interrupt: stop a run from another thread)
@@ -97,6 +98,7 @@ _WHERE = {
     "TrainConfig": "rlgate.train.config",
     "OnlineTrainConfig": "rlgate.train.config",
     "GatewaySettings": "rlgate.train.config",
+    "RolloutSettings": "rlgate.train.config",
     "GRPOConfig": "rlgate.train.config",
     "ConfigError": "rlgate.train.config",
     "load_config": "rlgate.train.config",
@@ -138,6 +140,7 @@ __all__ = [
     "LoopState",
     "RemoteSync",
     "RolloutRunner",
+    "RolloutSettings",
     "RunError",
     "Sample",
     "SessionHandle",
@@ -146,7 +149,6 @@ __all__ = [
     "TooManyFailures",
     "TrainConfig",
     "OnlineTrainConfig",
-    "GatewaySettings",
     "TrainRun",
     "TrainingStalled",
     "WeightSync",

@@ -46,9 +46,10 @@ from pathlib import Path
 from typing import Any
 
 from rlgate.integrations.episodes import Chain, LoopThread, play
-from rlgate.rollout.runner import CONCURRENCY, EPISODE_TIMEOUT_S, MAX_CONSECUTIVE_FAILURES, RolloutRunner
-from rlgate.train.config import GatewaySettings
+from rlgate.rollout.runner import RolloutRunner
+from rlgate.train.config import GatewaySettings, RolloutSettings
 from rlgate.train.gateway import GatewayPlan, OpenGateway, open_gateway
+from rlgate.train.rollout import rollout_runner
 
 __all__ = ["TRLRollout", "agent_reward", "close_agent", "default_data_for", "open_agent", "trl_batch"]
 
@@ -95,20 +96,20 @@ class TRLRollout:
 
     @classmethod
     def start(cls, agent: Any, model: str | Path, *, gateway: GatewaySettings | None = None,
-              data_for: Callable[[Any], dict[str, Any]] = default_data_for, concurrency: int = CONCURRENCY,
-              episode_timeout: float = EPISODE_TIMEOUT_S, seed: int | None = None, out_dir: str | Path = "runs/trl",
-              max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES) -> TRLRollout:
+              rollout: RolloutSettings | None = None, data_for: Callable[[Any], dict[str, Any]] = default_data_for,
+              out_dir: str | Path = "runs/trl") -> TRLRollout:
         """Open the gateway serving ``model`` (a checkpoint directory: TRL's starting weights) and
         the runner that plays ``agent`` (an rlgate agent: ``run(data, *, base_url, api_key)``).
 
         ``gateway``: rlgate's ``gateway:`` settings (docs/training.md); default an in-process
         gateway on 127.0.0.1 with the local engine. With ``gateway.url`` the gateway runs
         elsewhere and weights go through ``POST /rl/update_weights`` (``gateway.sync_dir``,
-        default ``out_dir/sync``, must be readable there). ``seed`` seeds the in-process engine's
-        sampling."""
-        opened, runner, loop = open_agent(agent, model, gateway=gateway, concurrency=concurrency,
-                                          episode_timeout=episode_timeout, seed=seed, out_dir=out_dir,
-                                          max_consecutive_failures=max_consecutive_failures)
+        default ``out_dir/sync``, must be readable there). ``rollout``: rlgate's ``rollout:``
+        settings, the same object ``rlgate train`` reads (``concurrency``, ``episode_timeout``,
+        ``max_consecutive_failures``, ``reward_range``, ``mode``, ``seed`` for the in-process
+        engine's sampling, ...); its ``group_size`` is not read (TRL's ``num_generations`` groups the
+        episodes) and samples are always ``concat`` (TRL takes one sequence per episode)."""
+        opened, runner, loop = open_agent(agent, model, gateway=gateway, rollout=rollout, out_dir=out_dir)
         return cls(opened, runner, loop, data_for)
 
     @property
@@ -153,22 +154,21 @@ class TRLRollout:
 
 
 def open_agent(agent: Any, model: str | Path, *, gateway: GatewaySettings | None = None,
-               concurrency: int = CONCURRENCY, episode_timeout: float = EPISODE_TIMEOUT_S, seed: int | None = None,
-               out_dir: str | Path = "runs/trl", max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES,
+               rollout: RolloutSettings | None = None, out_dir: str | Path = "runs/trl",
                ) -> tuple[OpenGateway, RolloutRunner, LoopThread]:
     """The gateway serving ``model``, the runner that plays ``agent`` through it, and the event loop
     they live on (the arguments are :meth:`TRLRollout.start`'s); :func:`close_agent` ends them.
     Both TRL adapters (this one and ``integrations/trl_async.py``) open theirs here."""
-    plan = GatewayPlan(model=str(model), out_dir=Path(out_dir), gateway=gateway or GatewaySettings(), seed=seed,
-                       connections=concurrency + 8)
+    settings = rollout or RolloutSettings()
+    plan = GatewayPlan(model=str(model), out_dir=Path(out_dir), gateway=gateway or GatewaySettings(),
+                       seed=settings.seed, connections=settings.concurrency + 8)
     loop = LoopThread()
     try:
         opened = loop.run(open_gateway(plan, Path(model), Path(model)))
     except BaseException:
         loop.close()
         raise
-    runner = RolloutRunner(opened.client, agent, concurrency=concurrency, episode_timeout=episode_timeout,
-                           export_style="concat", max_consecutive_failures=max_consecutive_failures)
+    runner = rollout_runner(settings, opened.client, agent, export_style="concat")
     return opened, runner, loop
 
 

@@ -69,8 +69,8 @@ from typing import Any
 
 from rlgate.integrations.episodes import Chain, LoopThread, play
 from rlgate.integrations.trl import close_agent, default_data_for, open_agent
-from rlgate.rollout.runner import CONCURRENCY, EPISODE_TIMEOUT_S, MAX_CONSECUTIVE_FAILURES, RolloutRunner
-from rlgate.train.config import GatewaySettings
+from rlgate.rollout.runner import RolloutRunner
+from rlgate.train.config import GatewaySettings, RolloutSettings
 from rlgate.train.gateway import OpenGateway
 
 __all__ = ["AsyncAgentRollout", "group_advantages", "rollout_sample"]
@@ -159,22 +159,19 @@ class AsyncAgentRollout:
     @classmethod
     def open(cls, agent: Any, model: str | Path, *, prompts: Sequence[Any], num_generations: int,
               data_for: Callable[[Any], dict[str, Any]] = default_data_for, gateway: GatewaySettings | None = None,
-              groups_in_flight: int = 2, queue_maxsize: int = 1024, concurrency: int = CONCURRENCY,
-              episode_timeout: float = EPISODE_TIMEOUT_S, seed: int | None = None, out_dir: str | Path = "runs/trl-async",
-              max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES) -> AsyncAgentRollout:
+              rollout: RolloutSettings | None = None, groups_in_flight: int = 2, queue_maxsize: int = 1024,
+              out_dir: str | Path = "runs/trl-async") -> AsyncAgentRollout:
         """Open the gateway serving ``model`` (the checkpoint directory TRL starts from) and the runner
         that plays ``agent`` (an rlgate agent: ``run(data, *, base_url, api_key)``) on ``prompts``
         (e.g. ``train_dataset["prompt"]``; ``data_for(prompt)`` is an episode's ``data``),
-        ``num_generations`` episodes per prompt (AsyncGRPOConfig's). ``gateway`` and the rest are
+        ``num_generations`` episodes per prompt (AsyncGRPOConfig's). ``gateway``, ``rollout`` and ``out_dir`` are
         :meth:`~rlgate.integrations.trl.TRLRollout.start`'s; ``queue_maxsize`` bounds the samples
         waiting for the trainer (the worker waits when it is full)."""
         if not prompts:
             raise ValueError("prompts is empty: the worker needs at least one prompt to play")
         if num_generations < 1 or groups_in_flight < 1:
             raise ValueError("num_generations and groups_in_flight must be at least 1")
-        opened, runner, loop = open_agent(agent, model, gateway=gateway, concurrency=concurrency,
-                                          episode_timeout=episode_timeout, seed=seed, out_dir=out_dir,
-                                          max_consecutive_failures=max_consecutive_failures)
+        opened, runner, loop = open_agent(agent, model, gateway=gateway, rollout=rollout, out_dir=out_dir)
         return cls(opened, runner, loop, list(prompts), num_generations, Path(model), data_for, groups_in_flight,
                    queue.Queue(maxsize=queue_maxsize))
 

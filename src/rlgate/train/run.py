@@ -101,16 +101,10 @@ def prepare(cfg: TrainConfig, *, need_data: bool = True) -> Prepared:
 
 
 def make_runner(cfg: TrainConfig, client: Any, agent: Any, reward_fn: Any) -> Any:
-    from rlgate.rollout.runner import RolloutRunner
+    from rlgate.train.rollout import rollout_runner
 
-    r = cfg.rollout
-    runner = RolloutRunner(client, agent, group_size=r.group_size, concurrency=r.concurrency,
-                           episode_timeout=r.episode_timeout, mode="ray" if cfg.ray is not None else r.mode,
-                           export_style=r.export_style, discount=r.discount, reward_fn=reward_fn,
-                           reward_range=r.reward_range, max_consecutive_failures=r.max_consecutive_failures,
-                           ray_options=cfg.ray.episode if cfg.ray is not None else None,
-                           batch_starts=r.batch_starts, fused_finish=r.fused_finish)
-    return runner
+    return rollout_runner(cfg.rollout, client, agent, reward_fn=reward_fn,
+                          ray_options=cfg.ray.episode if cfg.ray is not None else None)
 
 
 # --------------------------------------------------------------------------- evaluation
