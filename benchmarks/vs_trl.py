@@ -64,7 +64,8 @@ def settings(model: str, task: str = "compare") -> dict[str, Any]:
     return {"groups": 8, "group_size": 8, "lr": 1e-4, "max_tokens": 8, "eval_items": 200}
 
 
-def prepare(out: Path, model: str, task: str = "compare") -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
+def prepare(out: Path, model: str, task: str = "compare", train_reward: str = "number",
+            ) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
     """The starting checkpoint, the training items and the held-out items."""
     from rlgate.demo.tasks import TASKS
 
@@ -73,8 +74,9 @@ def prepare(out: Path, model: str, task: str = "compare") -> tuple[Path, list[di
         from rlgate.demo.tasks import sum_task
         from rlgate.train.loading import resolve_model
 
-        split = (sum_task(seed=0) if task == "sum" else real_task(seed=0, kinds=("larger",)) if task == "larger"
-                 else real_task(seed=0))
+        split = (sum_task(seed=0) if task == "sum"
+                 else real_task(seed=0, kinds=("larger",), train_reward=train_reward) if task == "larger"
+                 else real_task(seed=0, train_reward=train_reward))
         return resolve_model(DEFAULT_MODEL), split.train, split.heldout[:settings(model)["eval_items"]]
     from rlgate.demo.rl import DemoSettings
     from rlgate.demo.scripted import ensure_tiny_model
@@ -217,7 +219,8 @@ class Curve:
 
 def run_trl(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout: list[dict[str, Any]],
             model: str, seed: int, steps: int, rlgate_rollout: bool = False, eval_every: int = 0,
-            task: str = "compare", lora: int = 0, lr: float | None = None, mixed: bool = False) -> dict[str, Any]:
+            task: str = "compare", lora: int = 0, lr: float | None = None, mixed: bool = False,
+            clip_high: float | None = None, cut_replies: bool = False) -> dict[str, Any]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -269,6 +272,9 @@ def run_trl(out: Path, model_dir: Path, train: list[dict[str, Any]], heldout: li
         loss_type="dapo", scale_rewards="none", num_iterations=1, gradient_checkpointing=False,
         disable_dropout=True, use_cpu=True, bf16=mixed, report_to="none", save_strategy="no", logging_steps=1,
         seed=seed, data_seed=seed, generation_kwargs={"eos_token_id": stops},
+        # the levers, TRL's form: clip-higher; a reply cut at max_completion_length left out of the loss
+        **({"epsilon_high": clip_high} if clip_high is not None else {}),
+        **({"mask_truncated_completions": True} if cut_replies else {}),
     )
     times: dict[str, list[float]] = {"gen": [], "step": []}
 
@@ -344,7 +350,7 @@ def child(args: argparse.Namespace, out: Path) -> None:
     import torch
 
     torch.manual_seed(args.seed)
-    model_dir, train, heldout = prepare(out, args.model, args.task)
+    model_dir, train, heldout = prepare(out, args.model, args.task, args.train_reward)
     extra = json.loads(args.extra) if args.extra else {}
     if args.lora:  # both sides: LoRA on every linear layer but the output, alpha = 2r
         extra.setdefault("train", {})["lora"] = {"r": args.lora, "alpha": 2 * args.lora}
@@ -352,10 +358,15 @@ def child(args: argparse.Namespace, out: Path) -> None:
         extra.setdefault("train", {})["dtype"] = "mixed"
     if args.lr:
         extra.setdefault("grpo", {})["lr"] = args.lr
+    if args.clip_high is not None:
+        extra.setdefault("grpo", {})["clip_high"] = args.clip_high
+    if args.cut_replies:
+        extra.setdefault("grpo", {})["truncated_reward"] = 0.0
     if args.child in ("trl", "trl-rlgate"):
         res = run_trl(out, model_dir, train, heldout, args.model, args.seed, args.steps,
                       rlgate_rollout=args.child == "trl-rlgate", eval_every=args.eval_every, task=args.task,
-                      lora=args.lora, lr=args.lr, mixed=args.mixed)
+                      lora=args.lora, lr=args.lr, mixed=args.mixed, clip_high=args.clip_high,
+                      cut_replies=args.cut_replies)
     else:
         res = run_rlgate(out, model_dir, train, heldout, args.model, args.seed, args.steps,
                          1 if args.child == "rlgate-async" else 0, extra, four_calls=args.child == "rlgate-4calls",
@@ -379,6 +390,13 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None, help="both sides: this learning rate (default: the task's)")
     ap.add_argument("--mixed", action="store_true", help="both sides: bfloat16 compute, float32 weights "
                     "(rlgate train.dtype mixed, TRL bf16=True)")
+    ap.add_argument("--clip-high", type=float, default=None, help="both sides: DAPO's clip-higher upper bound "
+                    "(rlgate grpo.clip_high, TRL epsilon_high)")
+    ap.add_argument("--cut-replies", action="store_true", help="both sides, each in its own form: a reply cut at "
+                    "max_tokens scores 0 (rlgate grpo.truncated_reward 0) / is left out of the loss (TRL "
+                    "mask_truncated_completions)")
+    ap.add_argument("--train-reward", choices=("number", "number-first"), default="number",
+                    help="smollm2 compare / larger: the training items' reward (held-out items keep 'number')")
     ap.add_argument("--eval-every", type=int, default=0,
                     help="held-out greedy evaluation every N steps too (0: before and after only)")
     ap.add_argument("--label", default=None, help="the rows' side name (default: the side), e.g. for a lever")
@@ -391,7 +409,7 @@ def main() -> None:
     if args.child:
         child(args, out)
         return
-    prepare(out, args.model, args.task)  # the warm start, once, before any timing
+    prepare(out, args.model, args.task, args.train_reward)  # the warm start, once, before any timing
     rows = []
     for seed in args.seeds:
         for side in args.sides:
@@ -399,13 +417,17 @@ def main() -> None:
                    "--child", side, "--seed", str(seed), "--eval-every", str(args.eval_every), "--task", args.task]
             cmd += ["--extra", args.extra] if args.extra else []
             cmd += ["--lora", str(args.lora)] + (["--lr", str(args.lr)] if args.lr else []) + (["--mixed"] if args.mixed else [])
+            cmd += (["--clip-high", str(args.clip_high)] if args.clip_high is not None else []) + \
+                (["--cut-replies"] if args.cut_replies else []) + ["--train-reward", args.train_reward]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             line = next((x for x in proc.stdout.splitlines() if x.startswith("ROW ")), None)
             if line is None:
                 raise SystemExit(f"{side} seed {seed} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
             row = {**json.loads(line[4:]), "load": os.getloadavg()[0], "model": args.model,
                    "task": args.task, "settings": {**settings(args.model, args.task), "lora": args.lora,
-                                                   "mixed": args.mixed, **({"lr": args.lr} if args.lr else {})},
+                                                   "mixed": args.mixed, **({"lr": args.lr} if args.lr else {}),
+                                                   "clip_high": args.clip_high, "cut_replies": args.cut_replies,
+                                                   "train_reward": args.train_reward},
                    "extra": args.extra}
             if args.label:
                 row["side"] = args.label if len(args.sides) == 1 else f"{args.label}-{side}"

@@ -27,6 +27,7 @@ from helpers import ADMIN_KEY, admin_headers, key_headers
 from rlgate.cluster.engines import FakeEngineSpec, LocalEngineSpec, RemoteEngineSpec
 from rlgate.cluster.replica import GatewayReplica, ReplicaSpec
 from rlgate.config import GatewayConfig
+from rlgate.engine.remote.options import RemoteOptions
 from rlgate.server.runner import ServerThread
 
 MAX_TOKENS = 48
@@ -65,7 +66,7 @@ def replica_for(case: str, tiny_model_dir: Any, tokenizer: Any):
                            chunk_delay=CHUNK_DELAY)
             fb = app.state.fake
             url = stack.enter_context(ServerThread(app))
-            engine = RemoteEngineSpec(kind, [[url]], options={"pause_mode": mode, "health_interval": 0})
+            engine = RemoteEngineSpec(kind, [[url]], options=RemoteOptions(**{f"{kind}_pause_mode": mode}, health_interval=0))
         spec = ReplicaSpec(model=str(tiny_model_dir), config=GatewayConfig(admin_key=ADMIN_KEY), engine=engine)
         replica = GatewayReplica(0, spec)
         try:

@@ -119,7 +119,7 @@ def online_config(args: argparse.Namespace, engine: str) -> OnlineConfig:
     return online
 
 
-def online_training(model_dir: str, learning: OnlineConfig, tokenizer: Any, engine_kwargs: dict[str, Any]) -> Any:
+def online_training(model_dir: str, learning: OnlineConfig, tokenizer: Any, plan: Any) -> Any:
     """Online training on two local engines holding ``model_dir`` (train/online.py)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -138,14 +138,16 @@ def online_training(model_dir: str, learning: OnlineConfig, tokenizer: Any, engi
         raise SystemExit(f"rlgate: {exc}") from None
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     try:
-        return build_online_training(model, learning, tokenizer, engine_kwargs=engine_kwargs,
+        return build_online_training(model, learning, tokenizer, engine=plan,
                                      stop_token_ids=stop_token_ids(tokenizer, model_dir), train_config=train_config)
     except (ImportError, AttributeError, ValueError, TypeError) as exc:  # a --group-reward / --heldout-check
         raise SystemExit(f"rlgate: --group-reward / --heldout-check: {exc}") from exc
 
 
 def build_app(args: argparse.Namespace, admin_key: str) -> Any:
+    from rlgate.engine.factory import EnginePlan
     from rlgate.engine.options import EngineOptions
+    from rlgate.engine.remote.options import REMOTE_ENGINES, RemoteOptions
     from rlgate.model import context_length, load_tokenizer, stop_token_ids
     from rlgate.server.app import create_app
     from rlgate.store import StoreError, StoreOptions, open_store
@@ -155,38 +157,19 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     options = from_arguments(EngineOptions, args)
     online = online_config(args, options.engine)
     training = None
+    plan = EnginePlan(options, args.model, config.context_length, context_length(args.model),
+                      remote=from_arguments(RemoteOptions, args) if options.engine in REMOTE_ENGINES else RemoteOptions())
     engine: Any
-    if options.engine == "fake":
-        from rlgate.engine.fake import FakeEngine
-
-        engine = FakeEngine(tokenizer, output_tokens=options.fake_output_tokens, token_delay=options.fake_token_delay,
-                            max_context_length=config.context_length or context_length(args.model) or 32768)
-    elif options.engine in ("sglang", "vllm"):  # only the tokenizer is loaded in this process
-        from rlgate.engine.remote.factory import remote_engine
-        from rlgate.engine.remote.options import RemoteOptions
-
-        try:
-            engine = remote_engine(options.engine, from_arguments(RemoteOptions, args),
-                                   fallback_context=config.context_length or context_length(args.model),
-                                   weight_check_tolerance=options.weight_check_tolerance)
-        except ValueError as exc:
-            raise SystemExit(f"rlgate: {exc}") from exc
-    else:
-        import rlgate.engine as engines
-
-        try:
-            local_engine = engines.LocalEngine
-        except ImportError as exc:
-            raise SystemExit(f"rlgate: --engine local: {exc}") from exc
-        engine_kwargs: dict[str, Any] = {"device": options.device, "max_batch_size": options.max_batch_size,
-                                         "max_context_length": config.context_length,
-                                         "max_rows_per_session": options.max_rows_per_session,
-                                         "weight_check_tolerance": options.weight_check_tolerance}
-        if online.train:  # two engines (stable + canary) and the trainer: train/online.py
-            training = online_training(args.model, online, tokenizer, engine_kwargs)
+    try:
+        if online.train:  # two local engines (stable + canary) and the trainer: train/online.py
+            training = online_training(args.model, online, tokenizer, plan)
             engine = training.engines
-        else:
-            engine = local_engine(args.model, **engine_kwargs)
+        else:  # sglang / vllm: only the tokenizer is loaded in this process
+            engine = plan.build(tokenizer)
+    except ImportError as exc:
+        raise SystemExit(f"rlgate: --engine {options.engine}: {exc}") from exc
+    except ValueError as exc:
+        raise SystemExit(f"rlgate: {exc}") from exc
     store_options = from_arguments(StoreOptions, args)
     try:
         store = open_store(store_options.store, data_dir=store_options.data_dir, synchronous=store_options.store_sync)

@@ -10,27 +10,20 @@ from rlgate.config import ClusterConfig, GatewayConfig, from_arguments
 
 
 def engine_spec(args: argparse.Namespace, replicas: int) -> Any:
-    """What each replica builds (``rlgate.cluster.engines``) from ``rlgate serve``'s engine flags."""
-    from rlgate.cluster.engines import FakeEngineSpec, LocalEngineSpec, RemoteEngineSpec
+    """What each replica builds (``engine/factory.py``'s plan, shipped to it) from ``rlgate serve``'s engine
+    flags: the same plan a single gateway builds its engine from, the remote backends shared out."""
+    from rlgate.engine.factory import EnginePlan
+    from rlgate.engine.options import EngineOptions
+    from rlgate.engine.remote.options import REMOTE_ENGINES, RemoteOptions
     from rlgate.model import context_length
 
-    if args.engine == "fake":
-        return FakeEngineSpec(output_tokens=args.fake_output_tokens, token_delay=args.fake_token_delay,
-                              max_context_length=args.context_length or context_length(args.model) or 32768)
-    if args.engine == "local":
-        return LocalEngineSpec(str(Path(args.model).resolve()), device=args.device,
-                               max_batch_size=args.max_batch_size, max_context_length=args.context_length)
-    from rlgate.engine.remote.factory import engine_kwargs
-    from rlgate.engine.remote.options import RemoteOptions
-
-    if not args.backend_url:
-        raise SystemExit(f"rlgate: --engine {args.engine} needs at least one --backend-url")
-    urls = list(args.backend_url)
-    # replica i drives the backends i, i+N, ...; with fewer backends than replicas they are shared
-    shares = [urls[i::replicas] or [urls[i % len(urls)]] for i in range(replicas)]
-    return RemoteEngineSpec(args.engine, shares, engine_kwargs(
-        args.engine, from_arguments(RemoteOptions, args),
-        fallback_context=args.context_length or context_length(args.model)))
+    options = from_arguments(EngineOptions, args)
+    remote = from_arguments(RemoteOptions, args) if options.engine in REMOTE_ENGINES else RemoteOptions()
+    model = str(Path(args.model).resolve())
+    plan = EnginePlan(options, model, args.context_length, context_length(model), remote=remote, replicas=replicas)
+    if options.engine in REMOTE_ENGINES and not remote.backend_url:
+        raise SystemExit(f"rlgate: --engine {options.engine} needs at least one --backend-url")
+    return plan
 
 
 def serve_cluster(args: argparse.Namespace, gateway: GatewayConfig) -> int:

@@ -2,15 +2,20 @@
 
 A spec is called as ``spec(tokenizer, index) -> Engine`` by replica ``index``; Ray ships the
 spec (not an engine) to wherever the replica is placed, so GPUs, threads and connections
-are made there.
+are made there. Every spec builds through ``engine/factory.py``'s :class:`EnginePlan` (itself a
+spec: ``rlgate serve --replicas`` ships one); the three below are its short forms for code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
+from rlgate.engine.factory import EnginePlan
 from rlgate.engine.options import EngineOptions
+from rlgate.engine.remote.options import RemoteOptions
+
+__all__ = ["EnginePlan", "EngineSpec", "FakeEngineSpec", "LocalEngineSpec", "RemoteEngineSpec"]
 
 
 class EngineSpec(Protocol):
@@ -22,15 +27,14 @@ class EngineSpec(Protocol):
 class FakeEngineSpec:
     """The scripted :class:`~rlgate.engine.fake.FakeEngine` (tests, benchmarks)."""
 
-    output_tokens: int = 16
-    token_delay: float = 0.0
+    output_tokens: int = EngineOptions.fake_output_tokens
+    token_delay: float = EngineOptions.fake_token_delay
     max_context_length: int = 4096
 
     def __call__(self, tokenizer: Any, index: int) -> Any:
-        from rlgate.engine.fake import FakeEngine
-
-        return FakeEngine(tokenizer, output_tokens=self.output_tokens, token_delay=self.token_delay,
-                          max_context_length=self.max_context_length)
+        options = EngineOptions(engine="fake", fake_output_tokens=self.output_tokens,
+                                fake_token_delay=self.token_delay)
+        return EnginePlan(options, context_length=self.max_context_length).build(tokenizer, index=index)
 
 
 @dataclass
@@ -43,27 +47,21 @@ class LocalEngineSpec:
     max_context_length: int | None = None
 
     def __call__(self, tokenizer: Any, index: int) -> Any:
-        from rlgate.engine.local import LocalEngine
-
-        return LocalEngine(self.model, device=self.device, max_batch_size=self.max_batch_size,
-                           max_context_length=self.max_context_length)
+        options = EngineOptions(engine="local", device=self.device, max_batch_size=self.max_batch_size)
+        return EnginePlan(options, self.model, self.max_context_length).build(tokenizer, index=index)
 
 
 @dataclass
 class RemoteEngineSpec:
     """SGLang / vLLM servers: replica ``i`` drives ``backends[i % len(backends)]`` (a list of URLs),
-    so the inference servers are shared out between the replicas."""
+    so the inference servers are shared out between the replicas; ``options`` are ``rlgate serve``'s
+    remote-engine options (their ``backend_url`` is replaced by the replica's share)."""
 
     kind: Literal["sglang", "vllm"]
     backends: list[list[str]]
-    options: dict[str, Any] = field(default_factory=dict)  # SGLangEngine / VLLMEngine keyword arguments
+    options: RemoteOptions = field(default_factory=RemoteOptions)
 
     def __call__(self, tokenizer: Any, index: int) -> Any:
         urls = self.backends[index % len(self.backends)]
-        if self.kind == "sglang":
-            from rlgate.engine.remote.sglang import SGLangEngine
-
-            return SGLangEngine(urls, **self.options)
-        from rlgate.engine.remote.vllm import VLLMEngine
-
-        return VLLMEngine(urls, **self.options)
+        plan = EnginePlan(EngineOptions(engine=self.kind), remote=replace(self.options, backend_url=list(urls)))
+        return plan.build(tokenizer)

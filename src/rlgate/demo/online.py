@@ -103,6 +103,7 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
     from rlgate.config import GatewayConfig, OnlineConfig
     from rlgate.demo.canary_trial import put_on_trial
     from rlgate.demo.scripted import ensure_tiny_model
+    from rlgate.engine.factory import EnginePlan
     from rlgate.model import load_tokenizer
     from rlgate.online.groups import scorer_of
     from rlgate.server.app import create_app
@@ -123,7 +124,7 @@ async def run_proof(out_dir: Path, s: ProofSettings, log: Callable[[str], None] 
                             candidate_steps=s.candidate_steps, conversation_idle_s=2.0,
                             hacking_action=s.hacking_action,  # type: ignore[arg-type]
                             hacking_reference_replies=s.before // 2)
-    training = build_online_training(base, options, tokenizer, engine_kwargs={"seed": s.seed},
+    training = build_online_training(base, options, tokenizer, engine=EnginePlan(seed=s.seed),
                                      scorer=scorer_of(length_reward(s.max_chars)))
     engines, trainer, canary = training.engines, training.trainer, training.canary
     assert engines is not None and trainer is not None

@@ -118,6 +118,7 @@ async def run_real_proof(out_dir: Path, s: RealProofSettings, log: Callable[[str
     from rlgate.checkpoints import resolve_model
     from rlgate.config import GatewayConfig, OnlineConfig
     from rlgate.demo.canary_trial import put_on_trial
+    from rlgate.engine.factory import EnginePlan
     from rlgate.model import load_tokenizer, stop_token_ids
     from rlgate.online.groups import scorer_of
     from rlgate.server.app import create_app
@@ -151,10 +152,7 @@ async def run_real_proof(out_dir: Path, s: RealProofSettings, log: Callable[[str
                             hacking_min_replies=s.hacking_min_replies,
                             hacking_action=s.hacking_action,  # type: ignore[arg-type]
                             heldout_check="rlgate.demo.number_users:NumberCheck")
-    engine_kwargs: dict[str, Any] = {"seed": s.seed}
-    if s.threads is not None:
-        engine_kwargs["threads"] = s.threads
-    training = build_online_training(base, options, tokenizer, engine_kwargs=engine_kwargs,
+    training = build_online_training(base, options, tokenizer, engine=EnginePlan(seed=s.seed, threads=s.threads),
                                      scorer=scorer_of(proxy_reward), stop_token_ids=stops)
     engines, trainer, canary = training.engines, training.trainer, training.canary
     assert engines is not None and trainer is not None and training.hacking is not None

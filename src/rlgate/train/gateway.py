@@ -30,6 +30,8 @@ import httpx
 
 from rlgate.client import GatewayClient, GatewayClientError
 from rlgate.config import ClusterConfig, GatewayConfig
+from rlgate.engine.factory import EnginePlan
+from rlgate.engine.options import EngineOptions
 from rlgate.rollout.errors import RunError
 from rlgate.rollout.runner import CONCURRENCY
 from rlgate.train.config import GatewaySettings, RaySettings, TrainConfig
@@ -56,6 +58,12 @@ class GatewayPlan:
     @property
     def replicas(self) -> int:
         return self.ray.replicas if self.ray is not None else 0
+
+    def engine(self, weights: Path, *, seed: int | None = None, threads: int | None = None) -> EnginePlan:
+        """The local engine serving ``weights`` (in process, or in each replica) as the ``gateway:`` section
+        says (``engine/factory.py`` builds it)."""
+        return EnginePlan(EngineOptions(engine="local", device=self.gateway.device), str(weights),
+                          self.gateway.context_length, seed=seed, threads=threads)
 
 
 @dataclass
@@ -300,7 +308,6 @@ async def open_gateway(plan: GatewayPlan, weights: Path, tokenizer_dir: Path, *,
         return OpenGateway(client, RemoteSync(client, sync_dir, keep=plan.gateway.sync_keep,
                                               adapters=plan.gateway.push == "adapter"), remote=True)
 
-    from rlgate.engine.local import LocalEngine
     from rlgate.model import load_tokenizer
     from rlgate.server.runner import ServerThread
 
@@ -321,9 +328,8 @@ async def open_gateway(plan: GatewayPlan, weights: Path, tokenizer_dir: Path, *,
         sync: Any = VersionSync(engine)
     else:
         try:
-            engine = LocalEngine(weights, device=plan.gateway.device, max_context_length=plan.gateway.context_length,
-                                 seed=plan.seed,
-                                 threads=engine_threads(plan.gateway.device, plan.gateway.engine_threads))
+            engine = plan.engine(weights, threads=engine_threads(plan.gateway.device, plan.gateway.engine_threads),
+                                 seed=plan.seed).build(tokenizer)
         except Exception as exc:  # noqa: BLE001
             raise RunError(f"model: the engine cannot load {weights}: {type(exc).__name__}: {exc}") from None
         sync = ColocatedSync(engine)
@@ -376,7 +382,6 @@ def _in_process_app(plan: GatewayPlan, admin_key: str, engine: Any, tokenizer: A
 
 async def _start_replicas(plan: GatewayPlan, weights: Path, tokenizer_dir: Path) -> tuple[Any, GatewayClient]:
     """``ray.replicas`` gateway replicas (local engines serving ``weights``) and a router on ``gateway.host``."""
-    from rlgate.cluster.engines import LocalEngineSpec
     from rlgate.cluster.launch import Cluster
     from rlgate.cluster.replica import ReplicaSpec
 
@@ -385,8 +390,7 @@ async def _start_replicas(plan: GatewayPlan, weights: Path, tokenizer_dir: Path)
     spec = ReplicaSpec(
         model=str(tokenizer_dir.resolve()),
         config=served_config(plan, admin_key),
-        engine=LocalEngineSpec(str(weights.resolve()), device=plan.gateway.device,
-                               max_context_length=plan.gateway.context_length),
+        engine=plan.engine(weights.resolve()),
         host=plan.ray.replica_host,
         data_dir=str(Path(plan.ray.data_dir or plan.out_dir / "replicas").resolve()))
     cluster = Cluster(spec, ray_cluster_config(plan.ray, replicas=plan.ray.replicas,

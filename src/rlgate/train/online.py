@@ -20,6 +20,7 @@ import torch
 from rlgate.config import OnlineConfig
 from rlgate.engine.base import Engine
 from rlgate.engine.capabilities import LoadsStateDict
+from rlgate.engine.factory import EnginePlan
 from rlgate.online.canary import Canary, Decision
 from rlgate.online.groups import GroupScorer, LiveGroups, load_scorer
 from rlgate.online.trainer import NonFiniteStep, OnlineTrainer
@@ -117,22 +118,21 @@ class OnlinePolicy:
             self.online.poke()
 
 
-def build_online_training(model: Any, options: OnlineConfig, tokenizer: Any, *, engine_kwargs: dict[str, Any] | None = None,
+def build_online_training(model: Any, options: OnlineConfig, tokenizer: Any, *, engine: EnginePlan | None = None,
                           scorer: GroupScorer | None = None, stop_token_ids: Sequence[int] | None = None,
                           train_config: OnlineTrainConfig | None = None) -> OnlineTraining:
     """Online training on the local engine: two engines holding copies of ``model`` (stable + canary slot),
-    the trainer on ``model`` itself, live groups scored by ``scorer`` (default: ``options.group_reward``;
-    none: no live groups). ``stop_token_ids``: where held-out replies end (default: the tokenizer's end of
-    sequence). ``train_config``: the trainer's ``grpo:`` and ``train:`` sections (``--online-train-config``;
-    default: ``rlgate train``'s defaults with ``options.lr``). ``training.engines`` is the engine to give
+    built by ``engine`` (its options, seed and threads; default: ``rlgate serve``'s defaults), the trainer on
+    ``model`` itself, live groups scored by ``scorer`` (default: ``options.group_reward``; none: no live groups).
+    ``stop_token_ids``: where held-out replies end (default: the tokenizer's end of sequence).
+    ``train_config``: the trainer's ``grpo:`` and ``train:`` sections (``--online-train-config``; default:
+    ``rlgate train``'s defaults with ``options.lr``). ``training.engines`` is the engine to give
     ``create_app``, and ``training`` itself its ``online_training``."""
     import copy
 
-    from rlgate.engine.local import LocalEngine
-
     cfg = train_config or OnlineTrainConfig(grpo=GRPOConfig(lr=options.lr))
-    kw = engine_kwargs or {}
-    slots = [LocalEngine(model=copy.deepcopy(model), **kw) for _ in range(2)]  # served as loaded
+    plan = engine or EnginePlan()
+    slots = [plan.build(tokenizer, model=copy.deepcopy(model)) for _ in range(2)]  # served as loaded
     canary = Canary(options)
     engines = TwoSlotEngine(slots[0], slots[1], canary)
     # the KL reference is the starting model (a LoRA model's copy would carry the adapters it trains)
