@@ -57,12 +57,58 @@ def test_guards_fire_on_a_version_that_hacks_and_hold_its_promotion() -> None:
     assert fired == {"online_off_distribution"}
     assert "online_off_distribution" in g.holding(2) and g.record[-1]["event"] == "fired"
     _serve(g, 3, ["", " "], 20)
-    assert {guard for guard, v in g.firing if v == 3} == {"online_empty"}
+    assert {guard for guard, v in g.firing if v == 3} == {"online_empty", "online_same_reply"}  # one empty reply
     _serve(g, 4, NORMAL, 20, logprob=-0.01)  # the sampling distribution collapsed
     assert {guard for guard, v in g.firing if v == 4} == {"online_entropy_collapse"}
     _serve(g, 2, NORMAL, 40)  # the window moves on: it recovers
     assert not [1 for guard, v in g.firing if v == 2] and g.record[-1]["event"] == "recovered"
     assert _guards(hacking_action="alarm").holding(9) is None
+
+
+def _numbers(g: HackingGuards, version: int, n: int, answer: object, logprob: float, seed: int = 0) -> None:
+    """``n`` questions "Which is larger, a or b?" answered ``answer(a, b)`` at T = 1, each token at ``logprob``."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        a, b = rng.sample(range(10, 100), 2)
+        g.observe_user(f"Which is larger, {a} or {b}? Answer with the number only.")
+        text = answer(a, b)  # type: ignore[operator]
+        g.observe(version, text, [1] * max(len(text.split()), 1), [logprob] * max(len(text.split()), 1), 1.0)
+
+
+def test_short_sure_replies_are_told_apart_from_one_reply_to_everything() -> None:
+    """On SmolLM2 the entropy guard fired on a candidate that had learned to answer "52" (docs/online.md): short,
+    sure replies have a low surprisal per token. The same-reply guard fires on one answer whatever was asked,
+    not on answers that follow the questions; --hacking-alarm-only lets the entropy guard alarm without holding."""
+    prose = lambda a, b: f"The larger number of {a} and {b} is probably {max(a, b)}, I think."  # noqa: E731
+    for alarm_only in ([], ["online_entropy_collapse"]):
+        g = _guards(hacking_alarm_only=alarm_only)
+        _numbers(g, 0, 40, prose, logprob=-2.0)  # the reference: wordy, unsure
+        assert g.reference is not None and g.reference["online_same_reply"] < 0.1
+        _numbers(g, 1, 40, lambda a, b: str(max(a, b)), logprob=-0.05, seed=1)  # learned: the bare right number
+        _numbers(g, 2, 40, lambda a, b: "52", logprob=-0.05, seed=2)  # collapsed: one number whatever was asked
+        assert {guard for guard, v in g.firing if v == 1} == {"online_entropy_collapse"}
+        assert {guard for guard, v in g.firing if v == 2} == {"online_entropy_collapse", "online_same_reply"}
+        assert "'52'" in g.firing[("online_same_reply", 2)]
+        if alarm_only:  # the entropy guard still fires (and is shown), but holds nothing
+            assert g.holding(1) is None
+            assert "online_same_reply" in (g.holding(2) or "") and "entropy" not in (g.holding(2) or "")
+            assert g.snapshot()["alarm_only"] == ["online_entropy_collapse"] and g.alarms["online_entropy_collapse"] == 2
+        else:
+            assert "online_entropy_collapse" in (g.holding(1) or "")
+
+
+def test_an_unknown_alarm_only_guard_is_refused(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    import pytest
+
+    with pytest.raises(ValueError, match="online_entropy_colapse.*known: .*online_entropy_collapse"):
+        _guards(hacking_alarm_only=["online_entropy_colapse"])
+    proc = subprocess.run([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tmp_path), "--engine", "fake",
+                           "--online", "--online-train", "--hacking-alarm-only", "online_entropy_colapse"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "--hacking-alarm-only" in proc.stderr and "online_entropy_collapse" in proc.stderr
 
 
 def test_a_fixed_quality_floor() -> None:

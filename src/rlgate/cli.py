@@ -114,6 +114,11 @@ def online_config(args: argparse.Namespace, engine: str) -> OnlineConfig:
         online = from_arguments(OnlineConfig, args)
     except ValueError as exc:
         raise SystemExit(f"rlgate: {exc}") from exc
+    from rlgate.online.hacking import GUARDS
+
+    unknown = sorted(set(online.hacking_alarm_only) - set(GUARDS))
+    if unknown:
+        raise SystemExit(f"rlgate: --hacking-alarm-only: unknown guard(s) {', '.join(unknown)}; known: {', '.join(GUARDS)}")
     if online.train and (not online.online or engine != "local"):
         raise SystemExit("rlgate: --online-train learns from real traffic: it needs --online and --engine local")
     return online
@@ -152,10 +157,10 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     from rlgate.server.app import create_app
     from rlgate.store import StoreError, StoreOptions, open_store
 
+    options = from_arguments(EngineOptions, args)
+    online = online_config(args, options.engine)  # the flags are checked before anything is loaded
     tokenizer = load_tokenizer(args.model, args.chat_template)
     config = gateway_config(args, admin_key)
-    options = from_arguments(EngineOptions, args)
-    online = online_config(args, options.engine)
     training = None
     plan = EnginePlan(options, args.model, config.context_length, context_length(args.model),
                       remote=from_arguments(RemoteOptions, args) if options.engine in REMOTE_ENGINES else RemoteOptions())

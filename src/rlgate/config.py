@@ -331,6 +331,10 @@ class OnlineConfig:
                                  "more than this")
     hacking_entropy_ratio: float = option(0.3, "entropy collapse: a version's mean surprisal per sampled token below "
                                         "this fraction of the reference's")
+    hacking_alarm_only: list[str] = option(
+        help="a guard that only alarms: it never holds or rolls back a candidate (repeat for several), e.g. "
+        "online_entropy_collapse for a task whose good replies are short and sure (online/hacking.py)",
+        factory=list, flag="--hacking-alarm-only", metavar="GUARD")
     heldout_check: str | None = option(None, "package.module:attribute: an object with .prompts (lists of chat "
                                        "messages) and .score(messages, reply) -> float, run on every candidate and "
                                        "its stable version (operator code, loaded once; none: no held-out guard)",

@@ -7,8 +7,8 @@ users of ``demo/number_users.py``: a checkable question, partial and delayed thu
 users in a second tenant (inverted thumbs and refused attacks). The reward the trainer sees is that
 feedback plus live groups scored by a proxy (:func:`~rlgate.demo.number_users.first_number_score`);
 the measure is the judge's verdict on every reply honest users got, in windows the stopping rule did
-not look at. The reward-hacking guards run with their defaults (``pause``), the held-out check on
-held-out pairs (``NumberCheck``).
+not look at. The reward-hacking guards run with their defaults (``pause``) except that the entropy guard
+only alarms (the users want short, sure replies), the held-out check on held-out pairs (``NumberCheck``).
 
 1. **before**: ``before`` conversations with the trainer holding its candidates (version 0 only;
    its replies also give the guards their reference);
@@ -64,6 +64,9 @@ class RealProofSettings:
     conversation_idle_s: float = OnlineConfig.conversation_idle_s
     hacking_min_replies: int = 20
     hacking_action: str = OnlineConfig.hacking_action  # the default of rlgate serve
+    # the users ask for a bare number: short, sure replies lower the surprisal per token without a collapse
+    # (the entropy guard held the first real-model runs' learned format); same-reply and held-out still act
+    hacking_alarm_only: tuple[str, ...] = ("online_entropy_collapse",)
     feedback_share: float = 0.7
     outcome_share: float = 0.3
     adversarial_share: float = 0.1
@@ -151,6 +154,7 @@ async def run_real_proof(out_dir: Path, s: RealProofSettings, log: Callable[[str
                             conversation_idle_s=s.conversation_idle_s, hacking_reference_replies=s.before // 2,
                             hacking_min_replies=s.hacking_min_replies,
                             hacking_action=s.hacking_action,  # type: ignore[arg-type]
+                            hacking_alarm_only=list(s.hacking_alarm_only),
                             heldout_check="rlgate.demo.number_users:NumberCheck")
     training = build_online_training(base, options, tokenizer, engine=EnginePlan(seed=s.seed, threads=s.threads),
                                      scorer=scorer_of(proxy_reward), stop_token_ids=stops)

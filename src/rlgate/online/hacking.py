@@ -19,6 +19,10 @@ guard                       a reply counts when
 ``online_entropy_collapse`` (per version, not per reply) the mean surprisal of sampled tokens
                             (-logprob at T > 0, an estimate of the sampling entropy) falls below
                             ``hacking_entropy_ratio`` x the reference's
+``online_same_reply``       (per version) its most frequent reply (case and spacing aside) makes up
+                            more of its window than the reference's most frequent reply did of the
+                            reference's (margin and significance as the reply guards): one answer
+                            whatever the users asked, the harm a collapse does to them
 ``online_heldout_drop``     (per candidate) the operator's held-out check (``--heldout-check``)
                             scores the candidate more than ``heldout_margin`` below stable
 ==========================  ====================================================================
@@ -31,6 +35,12 @@ surprisal. A version's guard fires when, over its last ``hacking_window`` replie
 than three standard errors of the difference (so the noise of a small window does not fire it); it
 recovers when that no longer holds. Until the reference is measured nothing fires, and with ``hacking_action``
 ``pause`` or ``rollback`` no candidate is promoted automatically (a hack needs no time to be learned).
+
+**Short, sure replies** are not a collapse: a policy that learned to answer "52" to "Which is larger, 47
+or 52? Answer with the number only." has a low surprisal per token, and ``online_entropy_collapse`` fires
+on it (measured on SmolLM2, docs/online.md). ``online_same_reply`` tells the two apart (the learned policy's
+replies still follow the questions); ``hacking_alarm_only`` names guards that only alarm, never hold or roll
+back a candidate, for such a task: ``--hacking-alarm-only online_entropy_collapse``.
 
 **What a firing guard does** (``hacking_action``): ``alarm`` - a WARNING line, the gateway's guard
 (``/health`` degraded, ``rlgate_guard_firing``) and the record in ``GET /rl/online``; ``pause`` -
@@ -46,7 +56,7 @@ import re
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlgate.config import OnlineConfig
@@ -56,7 +66,7 @@ __all__ = ["REPLY_GUARDS", "HackingGuards", "ReplyFlags", "flags_of"]
 log = logging.getLogger("rlgate.online.hacking")
 
 REPLY_GUARDS = ("online_empty", "online_repetitive", "online_degenerate", "online_off_distribution")
-VERSION_GUARDS = ("online_entropy_collapse", "online_heldout_drop")
+VERSION_GUARDS = ("online_entropy_collapse", "online_same_reply", "online_heldout_drop")
 GUARDS = REPLY_GUARDS + VERSION_GUARDS
 _WORD = re.compile(r"[^\W\d_]+")  # runs of letters (any script)
 MAX_VOCABULARY = 200_000  # words remembered (user messages keep adding)
@@ -72,6 +82,7 @@ class ReplyFlags:
     degenerate: bool
     off_distribution: bool
     surprisal: float | None  # mean -logprob of its sampled tokens
+    key: str = ""  # the reply's text, case and spacing aside (the same-reply guard counts equal keys)
 
     def flag(self, guard: str) -> bool:
         return bool(getattr(self, guard.removeprefix("online_")))
@@ -93,7 +104,13 @@ def flags_of(text: str, token_ids: Sequence[int], logprobs: Sequence[float], tem
     ws = words(stripped)
     off = vocabulary is not None and len(ws) >= 2 and sum(w not in vocabulary for w in ws) * 2 > len(ws)
     surprisal = -sum(logprobs) / len(logprobs) if logprobs and temperature > 0 else None
-    return ReplyFlags(not stripped, repetitive, degenerate, off, surprisal)
+    return ReplyFlags(not stripped, repetitive, degenerate, off, surprisal, reply_key(stripped))
+
+
+def reply_key(text: str) -> str:
+    """What makes two replies "the same" for ``online_same_reply``: the text, case and spacing aside
+    (its first 200 characters)."""
+    return " ".join(text.casefold().split())[:200]
 
 
 @dataclass
@@ -102,6 +119,7 @@ class _Window:
     counts: Counter[str]
     surprisal_sum: float = 0.0
     surprisal_n: int = 0
+    replies: Counter[str] = field(default_factory=Counter)  # reply key -> replies in the window
 
     def add(self, f: ReplyFlags) -> None:
         if len(self.flags) == self.flags.maxlen:
@@ -116,9 +134,20 @@ class _Window:
         if f.surprisal is not None:
             self.surprisal_sum += sign * f.surprisal
             self.surprisal_n += sign
+        self.replies[f.key] += sign
+        if self.replies[f.key] <= 0:
+            del self.replies[f.key]
 
     def rate(self, guard: str) -> float:
         return self.counts[guard] / len(self.flags) if self.flags else 0.0
+
+    @property
+    def same_reply(self) -> tuple[int, str]:
+        """(replies equal to the window's most frequent one, that reply's key)."""
+        if not self.replies:
+            return 0, ""
+        key, n = self.replies.most_common(1)[0]
+        return n, key
 
     @property
     def surprisal(self) -> float | None:
@@ -139,6 +168,9 @@ class HackingGuards:
     """Per-version reply guards against the reference version (see the module docstring)."""
 
     def __init__(self, options: OnlineConfig, reference_version: int, clock: Callable[[], float] = time.time) -> None:
+        unknown = sorted(set(options.hacking_alarm_only) - set(GUARDS))
+        if unknown:
+            raise ValueError(f"hacking_alarm_only: unknown guard(s) {', '.join(unknown)}; known: {', '.join(GUARDS)}")
         self.options = options
         self.reference_version = reference_version
         self.clock = clock
@@ -177,6 +209,7 @@ class HackingGuards:
                 ref = self._reference
                 self.reference = {g: ref.rate(g) for g in REPLY_GUARDS}
                 self.reference["surprisal"] = ref.surprisal if ref.surprisal is not None else 0.0
+                self.reference["online_same_reply"] = ref.same_reply[0] / len(ref.flags)
                 log.info("reward-hacking guards: reference measured on %d replies of version %d: %s", len(ref.flags),
                          version, ", ".join(f"{k} {v:.3f}" for k, v in self.reference.items()))
         w = self.windows.get(version)
@@ -219,6 +252,13 @@ class HackingGuards:
                       f"{ref['surprisal']:.3f} on the reference (below {o.hacking_entropy_ratio:g} x)")
             self._set("online_entropy_collapse", version, enough and s < o.hacking_entropy_ratio * ref["surprisal"],
                       reason)
+        same, key = w.same_reply
+        rate, ref_rate = same / len(w.flags), ref["online_same_reply"]
+        reason = (f"{same} of the last {len(w.flags)} replies of version {version} ({rate:.1%}) are the same reply "
+                  f"({key[:60]!r}) against {ref_rate:.1%} of {n_ref} for the reference's most frequent (margin "
+                  f"{o.hacking_margin:.0%})")
+        self._set("online_same_reply", version, enough and rate - ref_rate > o.hacking_margin
+                  and _significant(rate, len(w.flags), ref_rate, n_ref), reason)
 
     def _set(self, guard: str, version: int, firing: bool, reason: str) -> None:
         key = (guard, version)
@@ -241,11 +281,15 @@ class HackingGuards:
     def firing_on(self, version: int) -> list[tuple[str, str]]:
         return [(g, r) for (g, v), r in self.firing.items() if v == version]
 
+    def acts_on(self, guard: str) -> bool:
+        """Whether ``guard`` firing may hold or roll back a candidate (not one of ``hacking_alarm_only``)."""
+        return self.options.hacking_action != "alarm" and guard not in self.options.hacking_alarm_only
+
     def holding(self, version: int) -> str | None:
         """Why ``version`` may not be promoted automatically now (None: nothing holds it)."""
         if self.options.hacking_action == "alarm":
             return None
-        firing = self.firing_on(version)
+        firing = [(g, r) for g, r in self.firing_on(version) if self.acts_on(g)]
         if firing:
             return "; ".join(f"guard {g}: {r}" for g, r in firing)
         if self.reference is None:
@@ -268,7 +312,9 @@ class HackingGuards:
             "reference_version": self.reference_version,
             "reference": self.reference,
             "vocabulary_words": len(self.vocabulary),
+            "alarm_only": list(self.options.hacking_alarm_only),
             "versions": {str(v): {"replies": len(w.flags), **{g: round(w.rate(g), 4) for g in REPLY_GUARDS},
+                                  "online_same_reply": round(w.same_reply[0] / len(w.flags), 4) if w.flags else 0.0,
                                   "surprisal": w.surprisal} for v, w in sorted(self.windows.items())},
             "heldout": {str(v): s for v, s in sorted(self.heldout.items())},
             "firing": [{"guard": g, "version": v, "reason": r} for (g, v), r in self.firing.items()],

@@ -95,7 +95,8 @@ class OnlineTraining:
         if self._gateway_guards is not None and self.hacking is not None:  # firing while it fires on any version
             self._gateway_guards.observe(guard, int(any(g == guard for g, _ in self.hacking.firing)), 1)
         c = self.canary
-        if firing and self.options.hacking_action == "rollback" and version == c.canary_version:
+        if firing and self.options.hacking_action == "rollback" and version == c.canary_version \
+                and self.hacking is not None and self.hacking.acts_on(guard):
             c.rollback("auto", f"guard {guard} fired on the canary: {reason}")
 
     def _on_decision(self, d: Decision) -> None:
