@@ -163,8 +163,12 @@ class GatewaySettings(_Strict):
     host: str = Field(default="127.0.0.1", description="interface the in-process gateway (with ray.replicas: "
                       "the router) binds; 0.0.0.0 when episodes run on other nodes (rollout mode ray on a "
                       "multi-node cluster): they get this node's IP")
-    tool_parser: str | None = Field(default="hermes", description="in-process: tool-call parser (None: off)")
-    reasoning_parser: str | None = Field(default=None, description="in-process: reasoning parser, e.g. 'think'")
+    tool_parser: str | None = Field(default=GatewayConfig.tool_parser, description="in-process: tool-call parser "
+                                    "('auto': the model family's, as rlgate serve; None: off)")
+    # off unless set (rlgate serve: 'auto'): a training agent scores the reply's content, and a reasoning parser
+    # moves text out of it; the recorded tokens are the same either way
+    reasoning_parser: str | None = Field(default=None, description="in-process: reasoning parser, e.g. 'think' or "
+                                         "'auto' (the model family's); None: off")
     tool_prompt: Literal["off", "auto"] = Field(default=GatewayConfig.tool_prompt,
                                                 description="in-process: tools the chat template "
                                                 "cannot show: 'off' (reported, unseen) or 'auto' (described in the "
