@@ -86,6 +86,34 @@ def fisher_p(k1: int, n1: int, k2: int, n2: int) -> float:
     return min(1.0, sum(prob(x) for x in range(max(0, k - n2), min(k, n1) + 1) if prob(x) <= p0 * (1 + 1e-9)))
 
 
+def _median_time(times: list[float | None]) -> float:
+    return statistics.median(math.inf if t is None else t for t in times)
+
+
+def time_ratio(a: list[float | None], b: list[float | None], rounds: int = 5000,
+               seed: int = 0) -> tuple[float, float, float]:
+    """Median time of ``a`` over median time of ``b`` (None: never reached, infinitely slow), with a
+    percentile bootstrap 95% interval over seeds (each side resampled with replacement)."""
+    def ratio(x: list[float | None], y: list[float | None]) -> float:
+        mx, my = _median_time(x), _median_time(y)
+        if math.isinf(mx) and math.isinf(my):
+            return math.nan
+        return mx / my if my > 0 else math.inf
+
+    rng = random.Random(seed)
+    boot = sorted(ratio([rng.choice(a) for _ in a], [rng.choice(b) for _ in b]) for _ in range(rounds))
+    boot = [v for v in boot if v == v]
+    if not boot:
+        return ratio(a, b), math.nan, math.nan
+    return ratio(a, b), boot[int(0.025 * len(boot))], boot[min(len(boot) - 1, int(0.975 * len(boot)))]
+
+
+def _ratio(v: float) -> str:
+    if v == 0:
+        return "0 (the reference's median run never got there)"
+    return "never (its median run never got there)" if math.isinf(v) else "n/a" if v != v else f"{v:.2f}x"
+
+
 def load(paths: list[str]) -> dict[str, list[dict[str, Any]]]:
     by_side: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in paths:
@@ -131,9 +159,22 @@ def report(by_side: dict[str, list[dict[str, Any]]], *, reference: str | None, t
                    f"{statistics.median(r['train_s'] for r in rows):.2f}); median load {load:.1f}")
         if target is not None:
             times = [time_to(r, target) for r in rows]
+            cpus = [time_to(r, target, clock="cpu_s") for r in rows]
             got = [t for t in times if t is not None]
+            got_cpu = [t for t in cpus if t is not None]
             out.append(f"time to {100 * target:.1f}% exact (the target): reached by {len(got)} of {len(rows)}"
-                       + (f", median {statistics.median(got):.0f} s of loop wall time" if got else ""))
+                       + (f", median {statistics.median(got):.0f} s of loop wall time, "
+                          f"{statistics.median(got_cpu):.0f} s of loop CPU time" if got else ""))
+    if target is not None and reference in by_side:
+        for side in sides:
+            if side == reference:
+                continue
+            for clock, name in (("wall_s", "wall"), ("cpu_s", "CPU")):
+                r, lo, hi = time_ratio([time_to(x, target, clock=clock) for x in by_side[side]],
+                                       [time_to(x, target, clock=clock) for x in by_side[reference]])
+                out.append(f"\n{side} / {reference}, median {name} time to {100 * target:.1f}% exact: "
+                           f"{_ratio(r)} (bootstrap 95% interval {_ratio(lo)} to {_ratio(hi)}; a run that never "
+                           "reached it counts as infinitely slow)")
     for a, b in itertools.combinations(sides, 2):
         fa, fb = finals[a], finals[b]
         if len(fa) < 2 or len(fb) < 2:
