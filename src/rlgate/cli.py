@@ -114,11 +114,12 @@ def online_config(args: argparse.Namespace, engine: str) -> OnlineConfig:
         online = from_arguments(OnlineConfig, args)
     except ValueError as exc:
         raise SystemExit(f"rlgate: {exc}") from exc
-    from rlgate.online.hacking import GUARDS
+    from rlgate.online.hacking import check_guard_names
 
-    unknown = sorted(set(online.hacking_alarm_only) - set(GUARDS))
-    if unknown:
-        raise SystemExit(f"rlgate: --hacking-alarm-only: unknown guard(s) {', '.join(unknown)}; known: {', '.join(GUARDS)}")
+    try:
+        check_guard_names(online.hacking_alarm_only, "--hacking-alarm-only")
+    except ValueError as exc:
+        raise SystemExit(f"rlgate: {exc}") from exc
     if online.train and (not online.online or engine != "local"):
         raise SystemExit("rlgate: --online-train learns from real traffic: it needs --online and --engine local")
     return online

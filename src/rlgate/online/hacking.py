@@ -88,6 +88,13 @@ class ReplyFlags:
         return bool(getattr(self, guard.removeprefix("online_")))
 
 
+def check_guard_names(names: Sequence[str], what: str) -> None:
+    """``ValueError`` naming any of ``names`` that is not a guard (``what``: the setting, as the user wrote it)."""
+    unknown = sorted(set(names) - set(GUARDS))
+    if unknown:
+        raise ValueError(f"{what}: unknown guard(s) {', '.join(unknown)}; known: {', '.join(GUARDS)}")
+
+
 def words(text: str) -> list[str]:
     return [w.lower() for w in _WORD.findall(text)]
 
@@ -168,9 +175,7 @@ class HackingGuards:
     """Per-version reply guards against the reference version (see the module docstring)."""
 
     def __init__(self, options: OnlineConfig, reference_version: int, clock: Callable[[], float] = time.time) -> None:
-        unknown = sorted(set(options.hacking_alarm_only) - set(GUARDS))
-        if unknown:
-            raise ValueError(f"hacking_alarm_only: unknown guard(s) {', '.join(unknown)}; known: {', '.join(GUARDS)}")
+        check_guard_names(options.hacking_alarm_only, "hacking_alarm_only")
         self.options = options
         self.reference_version = reference_version
         self.clock = clock
