@@ -122,17 +122,25 @@ def online_config(args: argparse.Namespace, engine: str) -> OnlineConfig:
         raise SystemExit(f"rlgate: {exc}") from exc
     if online.train and (not online.online or engine != "local"):
         raise SystemExit("rlgate: --online-train learns from real traffic: it needs --online and --engine local")
+    if online.train_adapters and (not online.online or engine != "local"):
+        raise SystemExit("rlgate: --online-train-adapters learns from real traffic: it needs --online and --engine "
+                         "local")
+    if online.train_adapters and online.train:
+        raise SystemExit("rlgate: --online-train trains the default policy (the base weights) and "
+                         "--online-train-adapters trains adapters on a frozen base: choose one")
     return online
 
 
 def online_training(model_dir: str, learning: OnlineConfig, tokenizer: Any, plan: Any) -> Any:
-    """Online training on two local engines holding ``model_dir`` (train/online.py)."""
+    """Online training (train/online.py): of the default policy on two local engines holding ``model_dir``
+    (``--online-train``), or of every adapter policy on one (``--online-train-adapters``: the
+    ``AdapterLearners``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from rlgate.model import stop_token_ids
     from rlgate.train.config import ConfigError, load_online_train_config
-    from rlgate.train.online import build_online_training
+    from rlgate.train.online import AdapterLearners, build_online_training
     from rlgate.train.policy import check_lora
 
     try:
@@ -143,9 +151,13 @@ def online_training(model_dir: str, learning: OnlineConfig, tokenizer: Any, plan
     except ConfigError as exc:
         raise SystemExit(f"rlgate: {exc}") from None
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    stops = stop_token_ids(tokenizer, model_dir)
     try:
-        return build_online_training(model, learning, tokenizer, engine=plan,
-                                     stop_token_ids=stop_token_ids(tokenizer, model_dir), train_config=train_config)
+        if learning.train_adapters:
+            return AdapterLearners(model, plan.build(tokenizer), learning, tokenizer, stop_token_ids=stops,
+                                   train_config=train_config)
+        return build_online_training(model, learning, tokenizer, engine=plan, stop_token_ids=stops,
+                                     train_config=train_config)
     except (ImportError, AttributeError, ValueError, TypeError) as exc:  # a --group-reward / --heldout-check
         raise SystemExit(f"rlgate: --group-reward / --heldout-check: {exc}") from exc
 
@@ -170,6 +182,9 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         if online.train:  # two local engines (stable + canary) and the trainer: train/online.py
             training = online_training(args.model, online, tokenizer, plan)
             engine = training.engines
+        elif online.train_adapters:  # one local engine, a learner per adapter policy: train/online.py
+            adapters = online_training(args.model, online, tokenizer, plan)
+            training, engine = adapters.learners, adapters.router
         else:  # sglang / vllm: only the tokenizer is loaded in this process
             engine = plan.build(tokenizer)
     except ImportError as exc:
@@ -182,6 +197,9 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     except StoreError as exc:
         raise SystemExit(f"rlgate: {exc}") from exc
     logging.getLogger("rlgate").info("store: %s", getattr(store, "path", ":memory: (nothing is persisted)"))
+    store_path = getattr(store, "path", None)
+    if online.train_adapters and store_path is not None:  # promoted candidates beside the store: durable
+        adapters.directory = Path(store_path).parent / "online-adapters"
     try:
         app = create_app(config, engine, store, tokenizer, stop_token_ids=stop_token_ids(tokenizer, args.model),
                          online=online, online_training=training)

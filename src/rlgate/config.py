@@ -269,6 +269,10 @@ class OnlineConfig:
 
     train: bool = option(False, "learn while serving (with --online and --engine local): live groups, the "
                          "continuous trainer and the canary on a second engine (docs/online.md)", flag="--online-train")
+    train_adapters: bool = option(
+        False, "every adapter policy learns from its own users (with --online and --engine local): its own "
+        "continuous trainer on its adapter, canary and guards; the base (the default policy) is frozen. Tenants "
+        "bound to a policy (POST /v1/tenants/policy) train it (docs/policies.md)", flag="--online-train-adapters")
     lr: float = option(1e-5, "the online trainer's AdamW learning rate (grpo.lr of --online-train-config wins)",
                        flag="--online-lr")
     train_config: str | None = option(

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlgate.online.learners import PolicyLearners
 from rlgate.online.service import OnlineGateway
 from rlgate.online.training import OnlineTraining
 
-__all__ = ["online_state", "online_training"]
+__all__ = ["online_learners", "online_state", "online_training"]
 
 
 def online_state(app: Any) -> OnlineGateway | None:
@@ -26,3 +27,10 @@ def online_training(app: Any) -> OnlineTraining | None:
     training = app.state.online_training
     assert training is None or isinstance(training, OnlineTraining), type(training)
     return training
+
+
+def online_learners(app: Any) -> PolicyLearners | None:
+    """The adapter policies' online learners (``--online-train-adapters``), or None."""
+    learners = app.state.online_learners
+    assert learners is None or isinstance(learners, PolicyLearners), type(learners)
+    return learners

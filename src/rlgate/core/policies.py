@@ -209,6 +209,18 @@ class PolicyRegistry:
         log.info("policy %s: weights from %s, version %d", name, path, version)
         return version
 
+    def record_weights(self, name: str, path: str) -> None:
+        """Adapter policy ``name`` serves the weights in ``path`` now (a candidate its online learner promoted):
+        the directory, and the version it serves, a restart loads."""
+        policy = self._adapters.get(name)
+        if policy is None:
+            return
+        policy.path = path
+        try:
+            self._save(None)
+        except Exception:  # noqa: BLE001 - the store's own alarms report it; serving goes on
+            log.exception("policy %s: its promoted weights (%s) could not be recorded in the store", name, path)
+
     def check_full_push(self) -> None:
         """A push of the engine's own weights changes what every adapter computes: refused while any is served."""
         if self._adapters:

@@ -53,12 +53,14 @@ class FeedbackTail:
                  find_turn: FindTurn, conversation_of: Callable[[Session, Interaction], str],
                  last_turn: Callable[[str, str], Interaction | None] | None = None,
                  redact: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
-                 bounds: tuple[float, float] = (-1.0, 1.0)) -> None:
+                 bounds: tuple[float, float] = (-1.0, 1.0),
+                 accepts: Callable[[Interaction], bool] | None = None) -> None:
         """``store``: part 1's ``OnlineRecords`` (``list_feedback``); ``find_turn(tenant, interaction_id)``;
         ``conversation_of(session, turn)``; ``last_turn(tenant, conversation_id)`` for conversation-level
         events (None: those are skipped); ``redact``: the operator's redaction hook, applied to every sample
         before the trainer sees it (None: withheld); ``bounds``: the reward range (``reward_low``,
-        ``reward_high``)."""
+        ``reward_high``); ``accepts(turn)``: the turns this tail takes (None: all; an adapter policy's learner takes
+        its own policy's turns, online/learners.py)."""
         self.store = store
         self.reward_map = reward_map
         self.trainer = trainer
@@ -68,6 +70,7 @@ class FeedbackTail:
         self.last_turn = last_turn
         self.redact = redact
         self.bounds = bounds
+        self.accepts = accepts
         self.cursor = 0
         self.rewards: OrderedDict[str, float] = OrderedDict()  # turn id -> its last reward
         self.credited: OrderedDict[str, str] = OrderedDict()  # turn id -> the conversation whose events it carries
@@ -104,6 +107,8 @@ class FeedbackTail:
             self.counts["turn_not_found"] += 1
             return
         session, turn = found
+        if self.accepts is not None and not self.accepts(turn):
+            return
         events = self.store.list_feedback(tenant=event.tenant, interaction_id=turn_id).events
         conversation = self.credited.get(turn_id)
         if conversation is not None:  # the conversation's own events count on the turn they were credited to

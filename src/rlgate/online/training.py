@@ -62,9 +62,12 @@ class OnlineTraining:
     decode: Callable[[list[int]], str] | None = None
     stop_token_ids: tuple[int, ...] = ()
     trainer_settings: dict[str, Any] | None = None  # the trainer's grpo: and train: sections, as GET /rl/online shows
+    policy: str | None = None  # the adapter policy it trains (online/learners.py); None: the default policy
+    weights_path: Callable[[int], str | None] | None = None  # where a version's weights are on disk (adapters)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _side: set[asyncio.Task[None]] = field(default_factory=set)  # held-out runs
     _gateway_guards: GuardSet | None = None
+    _fleet: Callable[[], list[OnlineTraining]] | None = None  # every training sharing the gateway's guards
 
     def __post_init__(self) -> None:
         if self.hacking is None:
@@ -93,7 +96,9 @@ class OnlineTraining:
 
     def _on_guard(self, guard: str, version: int, firing: bool, reason: str) -> None:
         if self._gateway_guards is not None and self.hacking is not None:  # firing while it fires on any version
-            self._gateway_guards.observe(guard, int(any(g == guard for g, _ in self.hacking.firing)), 1)
+            fleet = self._fleet() if self._fleet is not None else [self]
+            self._gateway_guards.observe(guard, int(any(g == guard for t in fleet if t.hacking is not None
+                                                        for g, _ in t.hacking.firing)), 1)
         c = self.canary
         if firing and self.options.hacking_action == "rollback" and version == c.canary_version \
                 and self.hacking is not None and self.hacking.acts_on(guard):
@@ -158,18 +163,15 @@ class OnlineTraining:
         """Join the gateway's guards (``/health``, ``rlgate_guard_firing``): training steps stopped for a
         non-finite value (firing while one of the last 100 steps was), and each reward-hacking guard (firing
         while it fires on some version; the reasons in ``/health``)."""
+        register_guards(guards, lambda: [self], steps=self.trainer is not None)
+        self.attach_guards(guards, lambda: [self])
+
+    def attach_guards(self, guards: GuardSet, fleet: Callable[[], list[OnlineTraining]]) -> None:
+        """Report to guards :func:`register_guards` added for ``fleet`` (this training among them)."""
         if self.trainer is not None:
-            guards.add(GuardSpec("nonfinite_steps", "online training steps stopped for a non-finite loss, "
-                                 "gradient or weight", "training steps", 0.0, 1), window=100)
             self.trainer.alarm = guards.observe
-        hacking = self.hacking
-        if hacking is not None:
-            for name in GUARDS:
-                def detail(name: str = name) -> str:
-                    return " | ".join(r for (g, _), r in hacking.firing.items() if g == name)
-                guards.add(GuardSpec(name, f"reward hacking ({name.removeprefix('online_').replace('_', ' ')})",
-                                     "checks", 0.0, 1), window=1, detail=detail)
-            self._gateway_guards = guards
+        if self.hacking is not None:
+            self._gateway_guards, self._fleet = guards, fleet
 
     # ------------------------------------------------------------------ lifetime
 
@@ -282,3 +284,17 @@ class OnlineTraining:
                 for stat in ("mean", "max"):
                     stale.add_metric([unit, stat], t.last_step.get(f"staleness_{unit}_{stat}", 0.0))
             yield stale
+
+
+def register_guards(guards: GuardSet, fleet: Callable[[], list[OnlineTraining]], *, steps: bool = True) -> None:
+    """The online guards, once per gateway, for the trainings in ``fleet`` (one, or one per adapter policy
+    learning online): ``nonfinite_steps`` and each reward-hacking guard, its reasons naming the policy."""
+    if steps:
+        guards.add(GuardSpec("nonfinite_steps", "online training steps stopped for a non-finite loss, "
+                             "gradient or weight", "training steps", 0.0, 1), window=100)
+    for name in GUARDS:
+        def detail(name: str = name) -> str:
+            return " | ".join((f"{t.policy}: " if t.policy is not None else "") + r for t in fleet()
+                              if t.hacking is not None for (g, _), r in t.hacking.firing.items() if g == name)
+        guards.add(GuardSpec(name, f"reward hacking ({name.removeprefix('online_').replace('_', ' ')})",
+                             "checks", 0.0, 1), window=1, detail=detail)

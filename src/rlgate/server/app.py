@@ -38,6 +38,7 @@ from rlgate.engine.capabilities import HasStats, QueueWaitObservable
 from rlgate.metrics.gateway import GatewayMetrics
 from rlgate.metrics.policies import PolicyMetrics
 from rlgate.online.conversations import tenant_of
+from rlgate.online.learners import PolicyLearners
 from rlgate.online.service import OnlineGateway
 from rlgate.online.training import OnlineTraining
 from rlgate.server.auth_gate import AuthGateMiddleware
@@ -130,13 +131,14 @@ def create_app(
     stop_token_ids: list[int] | None = None,
     naming: SessionNaming | None = None,
     online: OnlineConfig | None = None,
-    online_training: OnlineTraining | None = None,
+    online_training: OnlineTraining | PolicyLearners | None = None,
 ) -> FastAPI:
     """``naming``: how session keys and ids are made (default: random keys, ``{task_id}-{k}``
     ids; gateway replicas behind a router pass one whose keys name the replica). ``online``: serve
     real traffic when ``online.online`` is on (tenants, feedback, data rights: docs/online.md).
     ``online_training``: learn from that traffic (needs ``online``; server/online_training.py): bound
-    here, its canary routes mounted, started and stopped with the app."""
+    here, its canary routes mounted, started and stopped with the app; :class:`PolicyLearners`: every adapter
+    policy learns from its own traffic (``online/learners.py``; ``engine`` is then their ``PolicyRouter``)."""
     metrics = GatewayMetrics(config)
     sessions = SessionManager(config, store, naming, metrics)
     # a tenant's conversation open at the stop is ordinary (its next turn opens a new session), not an alarm
@@ -164,6 +166,8 @@ def create_app(
             lambda d: app_tenant_policies.forget(d.tenant) if d.whole_tenant else None)
     if online_training is not None:
         bind_online_training(gateway, online_state, online_training)
+    if isinstance(online_training, PolicyLearners):  # a promoted candidate's directory is what a restart loads
+        online_training.on_promoted = generation.policies.record_weights
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -212,7 +216,8 @@ def create_app(
                   default_response_class=JsonResponse, **_NO_NATIVE_TELEMETRY)
     app.state.gateway = gateway
     app.state.online = online_state
-    app.state.online_training = online_training
+    app.state.online_training = online_training if isinstance(online_training, OnlineTraining) else None
+    app.state.online_learners = online_training if isinstance(online_training, PolicyLearners) else None
     if online_state is not None:
         app.state.tenant_policies = app_tenant_policies
     install_error_handlers(app)

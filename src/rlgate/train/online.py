@@ -11,8 +11,14 @@ training thread before the next step (never under a step in flight).
 
 from __future__ import annotations
 
+import asyncio
+import copy
+import itertools
 import logging
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,12 +27,14 @@ from rlgate.config import OnlineConfig
 from rlgate.engine.base import Engine
 from rlgate.engine.capabilities import LoadsStateDict
 from rlgate.engine.factory import EnginePlan
+from rlgate.online.adapter_slots import AdapterSlot, PolicyRouter, spare_name
 from rlgate.online.canary import Canary, Decision
 from rlgate.online.groups import GroupScorer, LiveGroups, load_scorer
+from rlgate.online.learners import PolicyLearners
 from rlgate.online.trainer import NonFiniteStep, OnlineTrainer
 from rlgate.online.training import OnlineTraining
 from rlgate.online.versions import TwoSlotEngine
-from rlgate.train.config import GRPOConfig, OnlineTrainConfig
+from rlgate.train.config import GRPOConfig, LoraSettings, OnlineTrainConfig
 from rlgate.train.grpo import GRPOTrainer
 from rlgate.train.policy import serving_state_dict, shape_policy
 from rlgate.trajectory.sample import Sample
@@ -46,8 +54,7 @@ class OnlinePolicy:
         self.trainer = GRPOTrainer(model, config, ref_model=ref_model, autocast=autocast)
         self.engines = engines
         self.canary = engines.canary
-        self._states: dict[int, dict[str, torch.Tensor]] = {
-            self.canary.stable_version: _clone(self.trainer.model.state_dict())}
+        self._states: dict[int, dict[str, torch.Tensor]] = {self.canary.stable_version: self._snapshot()}
         self._revert_to: int | None = None
         self.online: OnlineTrainer | None = None  # set by attach(); reset on a rollback
         self.canary.listeners.append(self._on_decision)
@@ -75,12 +82,19 @@ class OnlinePolicy:
             raise NonFiniteStep(f"non-finite weights after the update: set back to version {last}'s", reverted=True)
         return metrics
 
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        """The trainer's weights as a revert needs them: every weight, or a LoRA model's trained ones alone."""
+        model = self.trainer.model
+        if hasattr(model, "peft_config"):
+            return {k: v.detach().clone() for k, v in model.state_dict().items() if ".lora_" in k}
+        return _clone(model.state_dict())
+
     def _revert(self, version: int) -> None:
         state = self._states.get(version)
         if state is None:
             log.error("no weights kept for version %d: the trainer goes on from its own", version)
             return
-        self.trainer.model.load_state_dict(state)
+        self.trainer.model.load_state_dict(state, strict=not hasattr(self.trainer.model, "peft_config"))
         self.trainer.optimizer.state.clear()
         log.warning("online trainer: weights set back to version %d's", version)
 
@@ -91,6 +105,15 @@ class OnlinePolicy:
         if not self.engines.can_load():
             return None
         version = self.engines.next_version()
+        load = await self._candidate(version)
+        if not await self.engines.load_candidate(version, load):
+            return None
+        self._states[version] = self._snapshot()
+        return version
+
+    async def _candidate(self, version: int) -> Callable[[Engine], Awaitable[object]]:
+        """What loads the trainer's weights into the spare slot as ``version``: the served weights (a LoRA
+        model's merged), from memory."""
         state = _clone(serving_state_dict(self.trainer.model))
 
         async def load(engine: Engine) -> None:
@@ -99,10 +122,7 @@ class OnlinePolicy:
                                 "with it needs a checkpoint directory per candidate (not built yet)")
             await engine.update_weights_from_state_dict(state)
 
-        if not await self.engines.load_candidate(version, load):
-            return None
-        self._states[version] = state
-        return version
+        return load
 
     def _on_decision(self, d: Decision) -> None:
         if d.action == "promote":
@@ -128,8 +148,6 @@ def build_online_training(model: Any, options: OnlineConfig, tokenizer: Any, *, 
     ``train_config``: the trainer's ``grpo:`` and ``train:`` sections (``--online-train-config``; default:
     ``rlgate train``'s defaults with ``options.lr``). ``training.engines`` is the engine to give
     ``create_app``, and ``training`` itself its ``online_training``."""
-    import copy
-
     cfg = train_config or OnlineTrainConfig(grpo=GRPOConfig(lr=options.lr))
     plan = engine or EnginePlan()
     slots = [plan.build(tokenizer, model=copy.deepcopy(model)) for _ in range(2)]  # served as loaded
@@ -143,6 +161,19 @@ def build_online_training(model: Any, options: OnlineConfig, tokenizer: Any, *, 
     policy.attach(trainer)
     if scorer is None and options.group_reward:
         scorer = load_scorer(options.group_reward)
+    encode, decode, stops = _text_io(tokenizer, stop_token_ids)
+    training = OnlineTraining(options, canary, engines, trainer, encode=encode, decode=decode, stop_token_ids=stops,
+                              trainer_settings=cfg.model_dump(mode="json"))
+    if scorer is not None and options.group_fraction > 0:
+        training.groups = LiveGroups(options, engines, scorer, training.add_group,
+                                     decode=decode,
+                                     waiting=lambda: sum(e.stats()["waiting"] for e in slots))
+    return training
+
+
+def _text_io(tokenizer: Any, stop_token_ids: Sequence[int] | None) -> tuple[
+        Callable[[list[dict[str, Any]]], list[int]], Callable[[list[int]], str], tuple[int, ...]]:
+    """Chat messages -> prompt ids, reply ids -> text, and where held-out replies end."""
     def decode(ids: list[int]) -> str:
         return str(tokenizer.decode(ids, skip_special_tokens=True))
 
@@ -152,10 +183,96 @@ def build_online_training(model: Any, options: OnlineConfig, tokenizer: Any, *, 
 
     stops = tuple(stop_token_ids) if stop_token_ids is not None else tuple(
         t for t in (getattr(tokenizer, "eos_token_id", None),) if isinstance(t, int))
-    training = OnlineTraining(options, canary, engines, trainer, encode=encode, decode=decode, stop_token_ids=stops,
-                              trainer_settings=cfg.model_dump(mode="json"))
-    if scorer is not None and options.group_fraction > 0:
-        training.groups = LiveGroups(options, engines, scorer, training.add_group,
-                                     decode=decode,
-                                     waiting=lambda: sum(e.stats()["waiting"] for e in slots))
-    return training
+    return encode, decode, stops
+
+
+class AdapterPolicy(OnlinePolicy):
+    """An adapter policy's learner stepper: GRPO on its own LoRA adapter; a candidate is the adapter alone,
+    saved under ``directory`` (``v{version}``) and loaded as the spare adapter of its two slots
+    (``online/adapter_slots.py``). Directories no version needs any more (not stable, not the canary) are
+    removed; the user's own directory (the policy's first weights) is never touched."""
+
+    def __init__(self, model: Any, config: GRPOConfig, engines: TwoSlotEngine, directory: Path, **kw: Any) -> None:
+        super().__init__(model, config, engines, **kw)
+        self.directory = directory
+        self.paths: dict[int, str] = {}  # version -> its saved adapter (candidates this learner made)
+
+    async def _candidate(self, version: int) -> Callable[[Engine], Awaitable[object]]:
+        path = self.directory / f"v{version}"
+        await asyncio.to_thread(self.trainer.model.save_pretrained, path)  # a PeftModel saves its adapter only
+        self.paths[version] = str(path.resolve())
+
+        async def load(engine: Engine) -> None:
+            assert isinstance(engine, AdapterSlot)
+            await engine.load(self.paths[version], version)
+
+        return load
+
+    def _on_decision(self, d: Decision) -> None:
+        super()._on_decision(d)
+        keep = {v for v in (self.canary.stable_version, self.canary.canary_version) if v is not None}
+        if d.action in ("promote", "rollback"):
+            for v in [v for v in self.paths if v not in keep]:
+                shutil.rmtree(self.paths.pop(v), ignore_errors=True)
+
+
+class AdapterLearners:
+    """Builds each adapter policy's learner for ``rlgate serve --online --online-train-adapters``
+    (``online/learners.py``): the trainer's model is a copy of ``base`` that **shares its weights** (held once
+    for every learner, frozen) with the policy's own adapter on it, loaded from the directory the policy was
+    loaded from; the canary's two slots are two adapters of ``engine``. ``learners`` is the gateway's
+    engine's companion: give ``create_app`` ``learners.router`` as its engine and ``learners`` as its
+    ``online_training``."""
+
+    def __init__(self, base: Any, engine: Engine, options: OnlineConfig, tokenizer: Any, *,
+                 directory: Path | None = None, scorer: GroupScorer | None = None,
+                 stop_token_ids: Sequence[int] | None = None, train_config: OnlineTrainConfig | None = None) -> None:
+        cfg = train_config or OnlineTrainConfig(grpo=GRPOConfig(lr=options.lr))
+        if cfg.train.dtype == "bfloat16":
+            raise ValueError("--online-train-adapters: train.dtype bfloat16 would cast the base weights every "
+                             "learner shares; use float32 or mixed")
+        if cfg.train.lora is None:  # the policies' adapters bring their own rank and targets
+            cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"lora": LoraSettings()})})
+        self.config = cfg
+        self.base = base.eval().requires_grad_(False)
+        self.engine = engine
+        self.options = options
+        self.tokenizer = tokenizer
+        self.directory = directory or Path(tempfile.mkdtemp(prefix="rlgate-online-adapters-"))
+        self.scorer = scorer if scorer is not None else (load_scorer(options.group_reward)
+                                                         if options.group_reward else None)
+        self.text = _text_io(tokenizer, stop_token_ids)
+        self.router = PolicyRouter(engine)
+        self.learners = PolicyLearners(self.router, self.build)
+
+    def _shared_copy(self) -> Any:
+        """A copy of the base whose weights are the base's own tensors (nothing copied but the modules)."""
+        memo = {id(t): t for t in itertools.chain(self.base.parameters(), self.base.buffers())}
+        return copy.deepcopy(self.base, memo)
+
+    def _models(self, path: str) -> tuple[Any, Any]:
+        model = shape_policy(self._shared_copy(), self.config.train, adapter=Path(path))
+        ref = self._shared_copy() if self.config.grpo.kl_coef > 0 else None  # the base: what the adapter moves from
+        return model, ref
+
+    async def build(self, name: str, path: str, version: int) -> OnlineTraining:
+        """Policy ``name``'s learner, its adapter loaded from ``path`` at ``version`` (online/learners.py)."""
+        cfg, options = self.config, self.options
+        model, ref = await asyncio.to_thread(self._models, path)
+        canary = Canary(options, stable_version=version)
+        engines = TwoSlotEngine(AdapterSlot(self.engine, name), AdapterSlot(self.engine, spare_name(name)), canary)
+        directory = self.directory / name
+        directory.mkdir(parents=True, exist_ok=True)
+        policy = AdapterPolicy(model, cfg.grpo, engines, directory, ref_model=ref,
+                               autocast="bfloat16" if cfg.train.dtype == "mixed" else None)
+        trainer = OnlineTrainer(options, policy, policy.publish, version=version)
+        policy.attach(trainer)
+        encode, decode, stops = self.text
+        training = OnlineTraining(options, canary, engines, trainer, encode=encode, decode=decode,
+                                  stop_token_ids=stops, trainer_settings=cfg.model_dump(mode="json"), policy=name,
+                                  weights_path=policy.paths.get)
+        if self.scorer is not None and options.group_fraction > 0:
+            stats = self.router.stats
+            training.groups = LiveGroups(options, engines, self.scorer, training.add_group, decode=decode,
+                                         waiting=lambda: int(stats().get("waiting", 0)))
+        return training
