@@ -31,7 +31,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="the bad checkpoint goes here")
     for name in ("before", "window", "learn_seconds", "concurrency", "candidate_steps", "train_batch", "seed",
-                 "max_tokens", "threads", "bad_max_conversations", "hacking_action", "model"):
+                 "max_tokens", "threads", "bad_max_conversations", "hacking_action", "model", "lora"):
         default = getattr(d, name)
         p.add_argument("--" + name.replace("_", "-"), type=type(default) if default is not None else int,
                        default=default)

@@ -1,7 +1,7 @@
 """Two online tenants with opposite preferences, each training its own adapter policy on one gateway.
 
     python benchmarks/online_tenants.py --out /tmp/online-tenants                  # the tiny model, warm-started
-    python benchmarks/online_tenants.py --out /tmp/online-tenants --learn-seconds 900 --window 300
+    python benchmarks/online_tenants.py --out /tmp/online-tenants --seed 1 --learn-seconds 480 --window 300
 
 One ``rlgate serve --online --online-train-adapters`` (the local engine) on the demo's warm-started tiny
 model (``benchmarks/vs_trl.py``'s "toy" checkpoint). Two adapter policies are loaded untrained (B = 0:
@@ -146,7 +146,7 @@ def rate(xs: list[bool]) -> tuple[float, float]:
 async def run(url: str, key: str, tenants: dict[str, str], questions: list[str], args: argparse.Namespace,
               out: Path) -> dict[str, Any]:
     admin = {"Authorization": f"Bearer {key}"}
-    users = {t: Users(url, t, tenants[t], questions, seed=k) for k, t in enumerate(TENANTS)}
+    users = {t: Users(url, t, tenants[t], questions, seed=10 * args.seed + k) for k, t in enumerate(TENANTS)}
     async with httpx.AsyncClient(base_url=url, headers=admin, timeout=60) as c:
         async def pin(on: bool) -> None:
             for t in TENANTS:
@@ -171,7 +171,13 @@ async def run(url: str, key: str, tenants: dict[str, str], questions: list[str],
                 state = (await c.get("/rl/online")).json()["policies"]
                 row = {"t": round(time.monotonic() - t0), **{t: {
                     "stable": s["canary"]["stable_version"], "canary": s["canary"]["canary_version"],
-                    "steps": s["trainer"]["steps"]} for t, s in state.items()}}
+                    "steps": s["trainer"]["steps"],
+                    "grad_norm": round(s["trainer"]["last_step"].get("grad_norm", float("nan")), 4),
+                    "rewards": {v: round(r["mean"], 3) for v, r in
+                                                                s["canary"]["rewards"].items()},
+                    "lower": round(s["canary"]["comparison"]["lower"], 3) if s["canary"]["comparison"] else None,
+                    "firing": [f"{g['guard']}@{g['version']}" for g in s["guards"]["firing"]]}
+                    for t, s in state.items()}}
                 trace.append(row)
                 print(json.dumps(row), f"; {load()}", flush=True)
 
@@ -286,11 +292,12 @@ def main(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--learn-seconds", type=float, default=480.0)
-    parser.add_argument("--window", type=int, default=300)
+    parser.add_argument("--learn-seconds", type=float, default=240.0)
+    parser.add_argument("--window", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0, help="the users' questions")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--train-batch", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--margin", type=float, default=0.1)
+    parser.add_argument("--margin", type=float, default=0.2)
     sys.exit(main(parser.parse_args()))

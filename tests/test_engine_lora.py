@@ -89,6 +89,31 @@ async def test_mixed_batch_rows_match_each_adapter_alone(engine: LocalEngine, ti
     assert len({frozenset(v) for v in outputs.values()}) == 4, "the adapters did not change the outputs"
 
 
+async def test_the_stacks_are_the_only_copy_of_the_adapters_and_survive_changes(
+        engine: LocalEngine, tiny_model_dir: Path, adapters: dict[str, Path]) -> None:
+    """Resident memory: each adapter's weights are views of its layers' stacks (the tensors read from its
+    directory are not kept beside them), and adding or removing another adapter (a restack that reads them back
+    from the stacks) leaves every adapter's outputs exactly as they were."""
+    for name, path in adapters.items():
+        await engine.load_adapter(name, str(path))
+    bank = engine._adapters
+    for adapter in bank._adapters.values():
+        for layer, (a, b) in adapter.weights.items():
+            stack = bank._stacks[layer]
+            assert a.untyped_storage().data_ptr() == stack.a.untyped_storage().data_ptr()
+            assert b.untyped_storage().data_ptr() == stack.b.untyped_storage().data_ptr()
+    assert bank.parameter_bytes() == sum(
+        s.a.untyped_storage().nbytes() + s.b.untyped_storage().nbytes() for s in bank._stacks.values())
+    before = {a: await engine.generate(greedy(PROMPTS[0], a)) for a in ("a", "b", "c")}
+    await engine.unload_adapter("a")  # a restack from the views: b and c read back from the old stacks
+    await engine.load_adapter("a", str(adapters["a"]))  # and again, a now last
+    for name in ("a", "b", "c"):
+        again = await engine.generate(greedy(PROMPTS[0], name))
+        assert again.output_ids == before[name].output_ids
+        torch.testing.assert_close(torch.tensor(again.output_logprobs), torch.tensor(before[name].output_logprobs),
+                                   atol=1e-6, rtol=0)
+
+
 async def test_seeded_adapter_row_is_the_same_whatever_the_batch(engine: LocalEngine, adapters: dict[str, Path]) -> None:
     for name, path in adapters.items():
         await engine.load_adapter(name, str(path))

@@ -90,12 +90,11 @@ async def test_each_policy_learns_from_its_own_tenant_with_its_own_canary(tiny_m
         assert [m["id"] for m in (await c.get("/v1/models", headers=admin_headers())).json()["data"]] == \
             ["base", "shop", "bank"]
 
-        # only shop's users give feedback: a thumbs up for a reply of even length, down otherwise
+        # only shop's users give feedback, up and down in turn (every step's rewards differ: a gradient)
         shop_h = tenants["shop"][1]
         for k in range(8):
             reply = await turn(c, shop_h, f"c{k}")
-            r = await c.post("/v1/feedback", json={"kind": "thumbs", "interaction_id": reply["id"],
-                                                   "value": len(reply["choices"][0]["message"]["content"]) % 2 == 0},
+            r = await c.post("/v1/feedback", json={"kind": "thumbs", "interaction_id": reply["id"], "value": k % 2 == 0},
                              headers=shop_h)
             assert r.status_code == 200, r.text
         shop, bank = learners.learners["shop"], learners.learners["bank"]
@@ -219,3 +218,20 @@ async def test_the_base_is_frozen_and_a_tenant_reaches_its_policy_with_the_opena
         turn_ = app.state.online.conversations.find_turn(None, out.id)[1]
         assert turn_.policy == "shop" and set(turn_.output_versions) == {0}
         assert adapters.learners.learners["shop"].hacking is not None
+
+
+def test_the_flags_are_checked_before_the_model_loads(tiny_tokenizer_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    def serve(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tiny_tokenizer_dir),
+                               "--store", ":memory:", *flags], capture_output=True, text=True, timeout=300,
+                              env={**__import__("os").environ, "RLGATE_ADMIN_KEY": ADMIN_KEY})
+
+    alone = serve("--online-train-adapters")
+    assert alone.returncode != 0 and "needs --online and --engine local" in alone.stderr
+    both = serve("--online", "--online-train", "--online-train-adapters")
+    assert both.returncode != 0 and "choose one" in both.stderr
+    remote = serve("--online", "--online-train-adapters", "--engine", "fake")
+    assert remote.returncode != 0 and "--engine local" in remote.stderr

@@ -52,6 +52,7 @@ class RealProofSettings:
     bad_noise: float = 1.0
     concurrency: int = 32
     lr: float = 1e-4
+    lora: int = 0  # the trainer's LoRA rank (alpha 2r, every linear layer; 0: every weight trains)
     train_batch: int = 32
     train_batch_max: int = 48
     group_fraction: float = 0.5
@@ -127,6 +128,7 @@ async def run_real_proof(out_dir: Path, s: RealProofSettings, log: Callable[[str
     from rlgate.server.app import create_app
     from rlgate.server.runner import ServerThread
     from rlgate.store.base import MemoryStore
+    from rlgate.train.config import GRPOConfig, LoraSettings, ModelSettings, OnlineTrainConfig
     from rlgate.train.online import build_online_training
     from rlgate.train.policy import save_for_serving
 
@@ -156,8 +158,10 @@ async def run_real_proof(out_dir: Path, s: RealProofSettings, log: Callable[[str
                             hacking_action=s.hacking_action,  # type: ignore[arg-type]
                             hacking_alarm_only=list(s.hacking_alarm_only),
                             heldout_check="rlgate.demo.number_users:NumberCheck")
+    train_config = OnlineTrainConfig(grpo=GRPOConfig(lr=s.lr), train=ModelSettings(
+        lora=LoraSettings(r=s.lora, alpha=2 * s.lora) if s.lora else None))
     training = build_online_training(base, options, tokenizer, engine=EnginePlan(seed=s.seed, threads=s.threads),
-                                     scorer=scorer_of(proxy_reward), stop_token_ids=stops)
+                                     scorer=scorer_of(proxy_reward), stop_token_ids=stops, train_config=train_config)
     engines, trainer, canary = training.engines, training.trainer, training.canary
     assert engines is not None and trainer is not None and training.hacking is not None
     admin = secrets.token_urlsafe(16)

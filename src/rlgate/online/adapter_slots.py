@@ -29,7 +29,15 @@ import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from rlgate.engine.base import Engine, EngineError, GenerateRequest, GenerateResult, StreamingEngineMixin, TokenDelta
+from rlgate.engine.base import (
+    Engine,
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    StreamingEngineMixin,
+    TokenDelta,
+    WeightUpdateError,
+)
 from rlgate.engine.capabilities import HasStats, QueueWaitObservable, ServesAdapters
 from rlgate.online.versions import TwoSlotEngine
 
@@ -177,8 +185,12 @@ class PolicyRouter(StreamingEngineMixin):
         if self.learn is not None:
             try:
                 self.learning[name] = await self.learn(name, path, loaded)
-            except BaseException:
+            except BaseException as exc:
                 await self.engine.unload_adapter(name)
+                if isinstance(exc, Exception) and not isinstance(exc, EngineError):
+                    log.exception("policy %s: its online learner could not be built", name)
+                    raise WeightUpdateError(f"policy {name!r}: the engine serves {path}, but its online learner "
+                                            f"could not load it for training ({type(exc).__name__}: {exc})") from exc
                 raise
         return loaded
 

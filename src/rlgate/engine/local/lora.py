@@ -222,6 +222,13 @@ class AdapterBank:
                 old.a, old.b, old.sub = a, b, {}
             else:
                 self._stacks[name] = _Stack(a, b, layer.register_forward_hook(self._hook(name)))
+        # Each adapter's weights become views of the stacks: the stacks are the only copy held (the tensors read
+        # from its directory are freed), and the next restack reads them back from there.
+        for k, adapter in enumerate(self._adapters.values()):
+            for name in adapter.weights:
+                stack = self._stacks[name]
+                rows = slice(k * r, k * r + adapter.rank)
+                adapter.weights[name] = (stack.a[rows], stack.b[rows].T)
 
     # -- a forward -----------------------------------------------------------------------------
 
