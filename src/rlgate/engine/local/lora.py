@@ -28,6 +28,7 @@ teacher-forced pass on :attr:`LocalEngine.model`) sees the base model.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import threading
@@ -120,6 +121,14 @@ def read_adapter(directory: Path, model: torch.nn.Module) -> LoraAdapter:
     return LoraAdapter(weights, scale, rank)
 
 
+def _trim() -> None:
+    """Return the heap's free memory to the system (glibc's ``malloc_trim``; elsewhere nothing)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 @dataclass
 class _Stack:
     """The adapters of one linear layer, stacked (see the module docstring)."""
@@ -190,13 +199,16 @@ class AdapterBank:
         self._change(before)
 
     def _change(self, before: tuple[dict[str, LoraAdapter], dict[str, int]]) -> None:
-        """Restack after a change of the adapters; if that fails (out of memory), as they were before."""
+        """Restack after a change of the adapters; if that fails (out of memory), as they were before. The old
+        stacks' memory goes back to the system (glibc keeps freed blocks of this size otherwise)."""
         try:
             self._restack()
         except BaseException:
             self._adapters, self._versions = before
             self._restack()
             raise
+        finally:
+            _trim()
 
     def _restack(self) -> None:
         modules = dict(self._model.named_modules())
