@@ -44,7 +44,7 @@ def gateway(tiny_model_dir: Path, tokenizer, stop_ids, store, directory: Path, *
     adapters = AdapterLearners(base, LocalEngine(tiny_model_dir, device="cpu"), options, tokenizer,
                                directory=directory, stop_token_ids=stop_ids,
                                train_config=OnlineTrainConfig(grpo=GRPOConfig(lr=1e-2)))
-    app = create_app(GatewayConfig(admin_key=ADMIN_KEY, model_name="base"), adapters.router, store, tokenizer,
+    app = create_app(GatewayConfig(admin_key=ADMIN_KEY, model_name="base", ui=True), adapters.router, store, tokenizer,
                      stop_token_ids=stop_ids, online=options, online_training=adapters.learners)
     return app, adapters
 
@@ -149,6 +149,8 @@ async def test_each_policy_learns_from_its_own_tenant_with_its_own_canary(tiny_m
         assert state["policies"]["bank"]["canary"]["stable_version"] == 0
         one = (await c.get("/rl/online", params={"policy": "bank"}, headers=admin_headers())).json()
         assert one["trainer"]["received_feedback_samples"] == 0
+        page = (await c.get("/ui/online", headers=admin_headers())).text  # a section per learning policy
+        assert "online training (policy shop): canary" in page and "online training (policy bank): canary" in page
         metrics = (await c.get("/metrics", headers=admin_headers())).text
         assert f'rlgate_online_version{{policy="shop",role="stable"}} {float(candidate)}' in metrics
         assert 'rlgate_online_version{policy="bank",role="stable"} 0.0' in metrics

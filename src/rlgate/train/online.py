@@ -210,7 +210,10 @@ class AdapterPolicy(OnlinePolicy):
 
     def _on_decision(self, d: Decision) -> None:
         super()._on_decision(d)
-        keep = {v for v in (self.canary.stable_version, self.canary.canary_version) if v is not None}
+        # the previous stable's directory stays until the next promotion: the store names it until the new one is
+        # recorded (a listener after this one), so a crash in between still restarts on weights that exist
+        keep = {v for v in (self.canary.stable_version, self.canary.canary_version, self.canary.retired)
+                if v is not None}
         if d.action in ("promote", "rollback"):
             for v in [v for v in self.paths if v not in keep]:
                 shutil.rmtree(self.paths.pop(v), ignore_errors=True)
@@ -265,6 +268,8 @@ class AdapterLearners:
         directory.mkdir(parents=True, exist_ok=True)
         policy = AdapterPolicy(model, cfg.grpo, engines, directory, ref_model=ref,
                                autocast="bfloat16" if cfg.train.dtype == "mixed" else None)
+        if Path(path).resolve().is_relative_to(directory.resolve()):  # a version this learner promoted before a restart
+            policy.paths[version] = str(Path(path).resolve())
         trainer = OnlineTrainer(options, policy, policy.publish, version=version)
         policy.attach(trainer)
         encode, decode, stops = self.text

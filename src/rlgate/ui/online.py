@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from rlgate.api.app_state import online_state, online_training
+from rlgate.api.app_state import online_learners, online_state, online_training
 from rlgate.online.service import OnlineGateway
 from rlgate.ui.auth import is_viewer
 from rlgate.ui.escape import e
@@ -51,10 +51,12 @@ async def online_page(request: Request) -> Response:
         assert online is not None  # this page is routed only in the online mode
         body = online_section(online)
         training = online_training(request.app)
-        if training is not None:
+        learners = online_learners(request.app)  # --online-train-adapters: one section per learning policy
+        trainings = [training] if training is not None else learners.all() if learners is not None else []
+        if trainings:
             from rlgate.ui.online_training import training_section
 
-            body += training_section(training)
+            body += "".join(training_section(t) for t in trainings)
         resp = HTMLResponse(document("online", body, mode="live"))
     resp.headers.update(SECURITY_HEADERS)
     resp.headers["Content-Security-Policy"] = content_security_policy()

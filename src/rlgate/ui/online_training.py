@@ -20,8 +20,9 @@ def training_section(training: OnlineTraining) -> str:
         f"<tr><td>{e(time.strftime('%H:%M:%S', time.localtime(d['at'])))}</td><td>{e(d['action'])}</td>"
         f"<td>{e(d['version'])}</td><td>{e(d['by'])}</td><td>{e(d['reason'])}</td></tr>"
         for d in reversed(snap["decisions"]))
+    of = f" (policy {e(training.policy)})" if training.policy is not None else ""
     out = (
-        "<h1>online training: canary</h1>"
+        f"<h1>online training{of}: canary</h1>"
         f"<p>state <b>{e(snap['state'])}</b>; stable version {e(snap['stable_version'])}; canary version "
         f"{e(snap['canary_version'] if snap['canary_version'] is not None else '-')} "
         f"(share {snap['canary_share']:.0%} of new conversations); {e(test)}; "
@@ -36,13 +37,13 @@ def training_section(training: OnlineTraining) -> str:
                  f"{last['staleness_versions_max']:.0f}), {last['staleness_hours_mean'] * 60:.1f} minutes on average "
                  f"(max {last['staleness_hours_max'] * 60:.1f})")
         counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in t.counts.items())
-        out += (f"<h1>online training: trainer</h1><p>{e(stale)}; {t.pending_samples} samples waiting; "
+        out += (f"<h1>online training{of}: trainer</h1><p>{e(stale)}; {t.pending_samples} samples waiting; "
                 f"weights published as version {t.version}</p><p>{e(counts)}</p>")
     h = training.hacking
     if h is not None:
         snap_h = h.snapshot()
         firing = "; ".join(f"{f['guard']} on version {f['version']}: {f['reason']}" for f in snap_h["firing"])
-        out += (f"<h1>online training: reward-hacking guards ({e(snap_h['action'])})</h1><p>"
+        out += (f"<h1>online training{of}: reward-hacking guards ({e(snap_h['action'])})</h1><p>"
                 + e(firing or ("none firing" if snap_h["reference"] is not None else
                                "measuring the reference (the starting version's replies)"))
                 + "</p>")
