@@ -37,7 +37,6 @@ import os
 import random
 import re
 import secrets
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,7 +48,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import vs_trl  # noqa: E402 - the warm-started tiny model
-from two_policies import free_port, load, scrape_errors  # noqa: E402
+from two_policies import free_port, load, scrape_errors, serve  # noqa: E402
 
 TENANTS = ("agree", "contrary")
 _NUMBER = re.compile(r"-?\d+")
@@ -238,18 +237,8 @@ def main(args: argparse.Namespace) -> int:
            "--canary-share", "0.5", "--canary-margin", str(args.margin), "--canary-min-samples", "30",
            "--conversation-idle-s", "2", "--hacking-reference-replies", "100"]
     print(" ".join(cmd[2:]), f"; {load()}", flush=True)
-    server = subprocess.Popen(cmd, env=env, stdout=(out / "serve.log").open("w"), stderr=subprocess.STDOUT)
+    server = serve(cmd, env, url, out / "serve.log")
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the gateway did not start: {(out / 'serve.log').read_text()[-2000:]}")
-            time.sleep(0.5)
         admin = {"Authorization": f"Bearer {key}"}
         tenant_keys, tenant_ids = {}, {}
         for t in TENANTS:

@@ -73,6 +73,22 @@ async def accuracy(url: str, key: str, policy: str | None, items: list[dict[str,
     return sum(scores) / len(scores)
 
 
+def serve(cmd: list[str], env: dict[str, str], url: str, log: Path) -> subprocess.Popen[bytes]:
+    """``rlgate serve`` started (output to ``log``) and answering ``/health``; SystemExit with its log if not."""
+    server = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            raise SystemExit(f"the gateway did not start: {log.read_text()[-2000:]}")
+        time.sleep(0.5)
+
+
 def scrape_errors(url: str, key: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -105,21 +121,10 @@ def main(args: argparse.Namespace) -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     print(f"model {model_dir}; {len(split['larger'])} / {len(split['smaller'])} training items; {load()}", flush=True)
-    server = subprocess.Popen([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(model_dir), "--engine",
-                               "local", "--port", str(port), "--store", ":memory:", "--log-level", "warning",
-                               "--max-policies", "2"], env=env, stdout=(out / "serve.log").open("w"),
-                              stderr=subprocess.STDOUT)
+    server = serve([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(model_dir), "--engine", "local",
+                    "--port", str(port), "--store", ":memory:", "--log-level", "warning", "--max-policies", "2"],
+                   env, url, out / "serve.log")
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the gateway did not start: {(out / 'serve.log').read_text()[-2000:]}")
-            time.sleep(0.5)
         t0 = time.monotonic()
         before = {t: asyncio.run(accuracy(url, key, None, heldout[t])) for t in TASKS}
         print(f"before (the base; the policies start as it): larger {before['larger']:.1%}, smaller "

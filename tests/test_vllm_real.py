@@ -13,7 +13,9 @@ conftest.py). Skipped, saying why, where the build or the model is missing.
   mix of two checkpoints) and the update fails, leaving the previous policy serving;
 * LoRA: a LoRA run's adapter pushed alone goes through vLLM's runtime LoRA API, served within 1e-4
   of base + adapter, with a stream in flight resumed on it and versions right; full weights after
-  it send requests to the base model again.
+  it send requests to the base model again;
+* policies: two adapter policies and the base generating at once, each within 1e-4 of its own
+  base + adapter, a push to one moving only its version.
 """
 
 from __future__ import annotations
@@ -345,6 +347,76 @@ async def test_a_lora_adapter_pushed_through_vllms_runtime_lora_api(real_vllm, s
                 r = await update(served_checkpoints["base"])
                 assert r.status_code == 200 and r.json()["weight_check"]["result"] == "pass", r.text
                 assert engine.backends[0].info["model"] == engine.backends[0].info["base_model"]
+
+
+async def test_two_adapter_policies_are_served_side_by_side_by_vllms_runtime_lora_api(real_vllm, smollm2_dir, smol,
+                                                                                        tmp_path: Path):
+    """Policies on a real vLLM server (docs/policies.md, "Engines"): two adapter policies loaded through
+    ``POST /rl/policies`` (vLLM's ``/v1/load_lora_adapter``), a session bound to each and one on the base, all
+    three generating at once through the OpenAI SDK: every recorded logprob is within 1e-4 of a float32
+    teacher-forced pass of base + that policy's adapter (PEFT), tagged with its policy and version; a push to one
+    policy moves its version alone, and its tokens are then the new adapter's."""
+    from openai import AsyncOpenAI
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from rlgate.server.runner import ServerThread
+
+    def adapter(seed: int, out: Path) -> Any:
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32),
+                               LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():  # trained adapters: B is no longer zero
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+        model.save_pretrained(out)
+        return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32),
+                                         out).eval()
+
+    refs = {"p1": adapter(1, tmp_path / "p1"), "p2": adapter(2, tmp_path / "p2")}
+    with ServerThread(gateway_app(real_vllm.url, smollm2_dir)) as gw:
+        async with httpx.AsyncClient(base_url=gw, timeout=900) as c:
+            try:
+                for name in ("p1", "p2"):
+                    r = await c.post("/rl/policies", json={"name": name, "path": str(tmp_path / name)},
+                                     headers=admin_headers())
+                    assert r.status_code == 200 and r.json()["version"] == 0, r.text
+
+                async def one(policy: str) -> dict[str, Any]:
+                    r = await c.post("/rl/start_session", json={"task_id": f"t-{policy}", "policy": policy},
+                                     headers=admin_headers())
+                    assert r.status_code == 200, r.text
+                    sid, key = r.json()["session_id"], r.json()["api_key"]
+                    async with AsyncOpenAI(base_url=gw + "/v1", api_key=key, max_retries=0) as oai:
+                        await oai.chat.completions.create(model="anything", max_tokens=16, temperature=1.0, seed=3,
+                                                          messages=[{"role": "user", "content": "Name three rivers."}])
+                    await c.post("/rl/end_session", headers={"Authorization": f"Bearer {key}"})
+                    r = await c.post("/export_trajectories", json={"session_id": sid}, headers=admin_headers())
+                    return r.json()["interactions"][-1]
+
+                base_name = (await c.get("/rl/policies", headers=admin_headers())).json()["default"]
+                samples = dict(zip(("p1", "p2", base_name), await asyncio.gather(one("p1"), one("p2"), one(base_name)),
+                                   strict=True))
+                for name, sample in samples.items():
+                    assert sample["policy"] == name
+                    assert {v for v, m in zip(sample["versions"], sample["loss_mask"], strict=True) if m} == {0}
+                    assert worst_generated(refs.get(name, smol), sample) <= TOL, name
+                assert worst_generated(smol, samples["p1"]) > 10 * TOL  # the adapter did change what was served
+                # a push to p1: its version alone moves, and its tokens are the new adapter's
+                refs["p1"] = adapter(11, tmp_path / "p1-new")
+                r = await c.post("/rl/update_weights", json={"policy": "p1", "path": str(tmp_path / "p1-new")},
+                                 headers=admin_headers())
+                assert r.status_code == 200 and r.json()["version"] == 1, r.text
+                versions = {p["name"]: p["version"] for p in
+                            (await c.get("/rl/policies", headers=admin_headers())).json()["policies"]}
+                assert versions == {base_name: 0, "p1": 1, "p2": 0}
+                again = await one("p1")
+                assert {v for v, m in zip(again["versions"], again["loss_mask"], strict=True) if m} == {1}
+                assert worst_generated(refs["p1"], again) <= TOL
+            finally:
+                for name in ("p1", "p2"):
+                    await c.post("/rl/policies/unload", json={"name": name}, headers=admin_headers())
 
 
 # --------------------------------------------------------------------------- rlgate demo --engine vllm

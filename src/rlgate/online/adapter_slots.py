@@ -24,6 +24,7 @@ base weights (409 ``base_frozen``: every adapter was trained on them).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
@@ -70,12 +71,10 @@ class AdapterSlot(StreamingEngineMixin):
         return self.adapter in self.engine.adapter_versions()
 
     async def stream(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
-        inner = self.engine.stream(dataclasses.replace(request, adapter=self.adapter))
-        try:
+        named = dataclasses.replace(request, adapter=self.adapter)
+        async with contextlib.aclosing(self.engine.stream(named)) as inner:
             async for delta in inner:
                 yield delta
-        finally:
-            await inner.aclose()
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         return await StreamingEngineMixin.generate(self, request)
@@ -129,12 +128,10 @@ class PolicyRouter(StreamingEngineMixin):
 
     async def stream(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         slots = self.learning.get(request.adapter) if request.adapter is not None else None
-        inner = slots.stream(request) if slots is not None else self.engine.stream(request)
-        try:
+        engine = slots if slots is not None else self.engine
+        async with contextlib.aclosing(engine.stream(request)) as inner:
             async for delta in inner:
                 yield delta
-        finally:
-            await inner.aclose()
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         return await StreamingEngineMixin.generate(self, request)

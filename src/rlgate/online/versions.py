@@ -23,6 +23,7 @@ queue-time histogram reaches both slots).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -71,12 +72,9 @@ class TwoSlotEngine(StreamingEngineMixin):
 
     async def stream(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         engine = self.slot_of(self.canary.route(self.key(request)))
-        inner = engine.stream(request)
-        try:
+        async with contextlib.aclosing(engine.stream(request)) as inner:
             async for delta in inner:
                 yield delta
-        finally:
-            await inner.aclose()
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         return await StreamingEngineMixin.generate(self, request)
