@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from helpers import admin_headers, dummy_checkpoint, key_headers, start_session
 from remote_helpers import KINDS
 from rlgate.engine.fake import FakeEngine
+from rlgate.engine.remote.vllm import IDENTITY
 from rlgate.server.runner import ServerThread
 from rlgate.store.sqlite import SQLiteStore
 
@@ -80,7 +81,8 @@ async def test_models_lists_the_policies_and_sessions_bind_to_them(make_app, asg
 
 
 @pytest.mark.parametrize("engine_kind", KINDS)
-async def test_a_request_naming_a_policy_binds_an_unbound_session(make_app, asgi_client, engine, tmp_path) -> None:
+async def test_a_request_naming_a_policy_binds_an_unbound_session(make_app, asgi_client, engine, engine_kind,
+                                                                   tmp_path) -> None:
     async with asgi_client(make_app(engine=engine, model_name="base")) as c:
         await load(c, "a", adapter_dir(tmp_path / "a"))
         await load(c, "b", adapter_dir(tmp_path / "b"))
@@ -93,7 +95,8 @@ async def test_a_request_naming_a_policy_binds_an_unbound_session(make_app, asgi
         assert r.status_code == 200 and engine.requests[-1].adapter == "a"
         _, key2 = await start_session(c, "t")
         r = await chat(c, key2, "base")  # the default policy by its name: no binding needed
-        assert r.status_code == 200 and engine.requests[-1].adapter is None
+        # (vLLM: its zero identity adapter while adapters are loaded: engine/remote/vllm.py, IDENTITY)
+        assert r.status_code == 200 and engine.requests[-1].adapter == (IDENTITY if engine_kind == "vllm" else None)
         r = await c.post("/rl/start_session", json={"task_id": "t", "policy": "nope"}, headers=admin_headers())
         assert r.status_code == 404 and r.json()["error"]["code"] == "policy_not_found"
 
@@ -147,7 +150,7 @@ async def test_loading_and_unloading_refuse_what_they_must(make_app, asgi_client
         r = await load(c, "c", adapter_dir(tmp_path / "c"))
         assert r.status_code == 409 and r.json()["error"]["code"] == "policy_limit_reached"
         assert "--max-policies 2" in r.json()["error"]["message"]
-        assert engine.adapter_versions() == {"a": 0, "b": 0}
+        assert {k: v for k, v in engine.adapter_versions().items() if k != IDENTITY} == {"a": 0, "b": 0}
         # unloading: not while a session bound to it is active; the default never
         sid, key = await start_session(c, "t", policy="a")
         assert (await chat(c, key)).status_code == 200
@@ -157,12 +160,15 @@ async def test_loading_and_unloading_refuse_what_they_must(make_app, asgi_client
         assert (await c.post("/rl/policies/unload", json={"name": "zzz"}, headers=admin_headers())).status_code == 404
         await c.post("/rl/end_session", headers=key_headers(key))
         assert (await c.post("/rl/policies/unload", json={"name": "a"}, headers=admin_headers())).status_code == 200
-        assert engine.adapter_versions() == {"b": 0}
+        assert {k: v for k, v in engine.adapter_versions().items() if k != IDENTITY} == {"b": 0}
         listed = (await c.get("/rl/policies", headers=admin_headers())).json()
         assert [p["name"] for p in listed["policies"]] == ["base", "b"]
         # the ended session of the unloaded policy is still exported, its turns naming it
         assert [s["policy"] for s in (await export_ended(c, sid))["interactions"]] == ["a"]
         assert (await load(c, "c", adapter_dir(tmp_path / "c"))).status_code == 200  # room again
+        for name in ("b", "c"):  # the last policy gone, vLLM's identity adapter goes too (engine/remote/vllm.py)
+            assert (await c.post("/rl/policies/unload", json={"name": name}, headers=admin_headers())).status_code == 200
+        assert engine.adapter_versions() == {} and not list(tmp_path.glob(".rlgate-identity-lora-*"))
 
 
 async def export_ended(c: httpx.AsyncClient, sid: str) -> dict:
@@ -202,7 +208,7 @@ async def test_policies_and_bindings_survive_a_restart(make_app, asgi_client, to
     engine2 = FakeEngine(tokenizer, output_tokens=3)
     app = make_app(engine=engine2, store=SQLiteStore(db), model_name="base")
     async with app.router.lifespan_context(app), asgi_client(app) as c:
-        assert set(engine2.adapter_versions()) == {"a"}  # loaded again from its directory, at its version:
+        assert set(engine2.adapter_versions()) - {IDENTITY} == {"a"}  # loaded again from its directory, at its version:
         listed = (await c.get("/rl/policies", headers=admin_headers())).json()["policies"]
         assert [(p["name"], p["version"], p["path"]) for p in listed] == [
             ("base", 0, None), ("a", 1, str((tmp_path / "a1").resolve()))]

@@ -17,7 +17,9 @@ Versions are the gateway's (one per adapter): a token of an adapter request is t
 adapter's version current when its event arrived. The servers swap an adapter under requests in flight
 without telling which tokens came from which weights, so a token produced just before a replacement
 and read after it is tagged with the new version (as for full weights in vLLM's ``keep`` pause mode).
-Tested against the fake servers' contract (testing/fake_lora.py), not against real vLLM or SGLang.
+Tested against a real vLLM server (its CPU build: tests/test_vllm_real.py; vLLM's base requests then name a
+zero identity adapter, engine/remote/vllm.py ``IDENTITY``) and against the fake servers' contract
+(testing/fake_lora.py); SGLang against the fake only.
 """
 
 from __future__ import annotations

@@ -49,13 +49,17 @@ pause but read after the update gets the new version).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from rlgate.engine.base import FinishReason, GenerateRequest
+from rlgate.engine.remote.adapters import RemoteAdapters
 from rlgate.engine.remote.backend import Backend
 from rlgate.engine.remote.engine import PROBE_TIMEOUT, RemoteEngine
 from rlgate.engine.remote.errors import (
@@ -75,6 +79,14 @@ log = logging.getLogger("rlgate.engine.vllm")
 _MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
 
 
+# **vLLM's CPU build (0.32) computes a base-model row of a batch that also holds LoRA rows with one of those
+# adapters** (measured: tests/test_vllm_real.py, two adapter policies and the base generating at once: the base
+# request's logprobs were one adapter's to 2e-5, 0.4-0.8 nats from the base's; alone it is exact). So while
+# adapter policies are loaded, base-model requests name this adapter instead: a zero LoRA (B = 0), loaded before
+# the first policy and unloaded after the last, whose update adds exactly nothing. Not a policy name (``#``).
+IDENTITY = "#rlgate-identity"
+
+
 class VLLMEngine(RemoteEngine):
     kind = "vllm"
     generate_path = "/v1/completions"
@@ -90,6 +102,7 @@ class VLLMEngine(RemoteEngine):
         self.vllm_logprobs_mode = logprobs_mode
         self.logprobs_mode = _MODES[logprobs_mode]
         self.pause_mode = pause_mode
+        self._identity_dirs: list[str] = []  # the zero adapters written (IDENTITY), removed with it
 
     @property
     def tags_by_start(self) -> bool:
@@ -153,6 +166,8 @@ class VLLMEngine(RemoteEngine):
         }
         if request.adapter is not None:  # a LoRA adapter is named as a model (engine/remote/adapters.py)
             body = {"model": request.adapter, **body}
+        elif IDENTITY in self._lora and "adapter" not in b.info:  # no row of a LoRA batch without an adapter
+            body = {"model": IDENTITY, **body}
         elif "model" in b.info:
             body = {"model": b.info["model"], **body}
         if s.seed is not None:
@@ -324,6 +339,36 @@ class VLLMEngine(RemoteEngine):
 
     # ------------------------------------------------------------------ LoRA adapters (engine/remote/adapters.py)
 
+    async def load_adapter(self, name: str, path: str, version: int | None = None) -> int:
+        """An adapter policy; the first one brings the identity adapter (see :data:`IDENTITY`) before it."""
+        if IDENTITY not in self._lora:
+            identity = await asyncio.to_thread(zero_adapter, path)
+            try:
+                await RemoteAdapters.load_adapter(self, IDENTITY, identity)
+            finally:
+                self._identity_dirs.append(identity)
+        try:
+            return await RemoteAdapters.load_adapter(self, name, path, version)
+        except BaseException:
+            await self._drop_identity()
+            raise
+
+    async def unload_adapter(self, name: str) -> None:
+        await RemoteAdapters.unload_adapter(self, name)
+        await self._drop_identity()
+
+    async def _drop_identity(self) -> None:
+        """No adapter policy left: base requests name the base model again."""
+        if set(self._lora) == {IDENTITY}:
+            await RemoteAdapters.unload_adapter(self, IDENTITY)
+        if IDENTITY not in self._lora:
+            for d in self._identity_dirs:
+                await asyncio.to_thread(shutil.rmtree, d, True)
+            self._identity_dirs.clear()
+
+    def adapter_versions(self) -> dict[str, int]:
+        return {k: v for k, v in RemoteAdapters.adapter_versions(self).items() if k != IDENTITY}
+
     async def load_lora(self, b: Backend, name: str, path: str, replace: bool) -> None:
         body: dict[str, Any] = {"lora_name": name, "lora_path": path}
         if replace:
@@ -332,6 +377,27 @@ class VLLMEngine(RemoteEngine):
 
     async def unload_lora(self, b: Backend, name: str) -> None:
         await self.lora_call(b, "/v1/unload_lora_adapter", {"lora_name": name}, missing_ok=True)
+
+
+def zero_adapter(like: str) -> str:
+    """A LoRA adapter whose update is exactly zero (``like``'s configuration and A matrices, every B zero: the
+    bytes of a float zero are zeros whatever the dtype), written beside ``like`` (the backends see that
+    directory) or, where that is not writable, in the temporary directory; its path."""
+    src = Path(like)
+    try:
+        dst = Path(tempfile.mkdtemp(prefix=".rlgate-identity-lora-", dir=src.parent))
+    except OSError:
+        dst = Path(tempfile.mkdtemp(prefix="rlgate-identity-lora-"))
+    shutil.copy(src / "adapter_config.json", dst / "adapter_config.json")
+    data = bytearray((src / "adapter_model.safetensors").read_bytes())
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    for key, info in header.items():
+        if key != "__metadata__" and "lora_B" in key:
+            begin, end = info["data_offsets"]
+            data[8 + size + begin:8 + size + end] = bytes(end - begin)
+    (dst / "adapter_model.safetensors").write_bytes(bytes(data))
+    return str(dst.resolve())
 
 
 def _is_adapter(path: str) -> bool:
