@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlgate.chat.conversation import DigestChain, Message, tools_digest
-from rlgate.chat.families.base import REASONING_TAIL, BridgeError, ModelFamily, ParentTurn, TemplateError
+from rlgate.chat.families.base import REASONING_TAIL, BridgeError, ModelFamily, ParentTurn, PromptRenderer, TemplateError
 from rlgate.chat.families.registry import resolve_family
 from rlgate.chat.output import OutputAssembler, OutputEvent, openai_call_id
 from rlgate.chat.parsers import get_reasoning_parser, get_tool_parser, unparsed_tool_blocks
 from rlgate.chat.prompt_bounds import PromptTooLong, max_token_chars, reserved_template_kwargs
-from rlgate.chat.template_support import dropped
+from rlgate.chat.template_support import TemplateSupport, dropped
 from rlgate.chat.token_text import decode
 from rlgate.chat.tool_prompt import tool_prompt_renderer
 from rlgate.config import GatewayConfig
@@ -121,6 +121,17 @@ class Finished:
     message: Message
 
 
+def serving_renderer(config: GatewayConfig, tokenizer: Any, family: ModelFamily | None = None
+                     ) -> tuple[ModelFamily, str | None, PromptRenderer, TemplateSupport]:
+    """(family, active tool parser, prompt renderer, what its template shows): the gateway's and a warm start's
+    (train/warm_start.py), so both make the same tokens. ``ValueError``: a setting this model cannot be served with."""
+    family = family if family is not None else resolve_family(tokenizer, config.model_family)
+    tool_parser = family.tool_parser if config.tool_parser == "auto" else config.tool_parser
+    renderer, support = tool_prompt_renderer(family.renderer(tokenizer), tokenizer, config.tool_prompt, tool_parser,
+                                             family.title)
+    return family, tool_parser, renderer, support
+
+
 class GenerationService:
     def __init__(
         self,
@@ -139,11 +150,7 @@ class GenerationService:
         self.metrics = metrics if metrics is not None else sessions.gateway_metrics
         self.engine = engine
         self.tokenizer = tokenizer
-        self.family = family if family is not None else resolve_family(tokenizer, config.model_family)
-        self.tool_parser = self.family.tool_parser if config.tool_parser == "auto" else config.tool_parser
-        # what the template shows (chat/template_support.py); --tool-prompt auto describes the tools it cannot
-        self.renderer, self.template_support = tool_prompt_renderer(
-            self.family.renderer(tokenizer), tokenizer, config.tool_prompt, self.tool_parser, self.family.title)
+        self.family, self.tool_parser, self.renderer, self.template_support = serving_renderer(config, tokenizer, family)
         self.drops = TemplateDrops(self.metrics, self.family.title)
         # Bounds of every family's renderer (issue 15): properties of the tokenizer, not the renderer.
         self.reserved_kwargs = reserved_template_kwargs(tokenizer)

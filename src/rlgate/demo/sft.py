@@ -10,8 +10,6 @@ already holds a checkpoint made with the same settings.
 from __future__ import annotations
 
 import json
-import random
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -19,8 +17,7 @@ from typing import Any
 from rlgate.chat.conversation import Message, ToolCall, ToolSpec
 from rlgate.chat.families.base import ParentTurn
 from rlgate.chat.render import ChatRenderer
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+from rlgate.train.warm_start import save_checkpoint, sft
 
 
 def math_sequence(renderer: ChatRenderer, item: dict[str, Any], stop_id: int) -> tuple[list[int], list[int]]:
@@ -163,34 +160,13 @@ def warm_start(
         seqs = [tools_sequence(renderer, it, stop, tool) for it in items]
     else:
         seqs = [math_sequence(renderer, it, stop) for it in items]
-    rng = random.Random(seed)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(base_model)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     t0 = time.perf_counter()
-    loss_value = float("nan")
     val_accuracy = None
-    done_steps = 0
-    for step in range(1, steps + 1):
-        batch = rng.sample(seqs, min(batch_size, len(seqs)))
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        att = torch.zeros(len(batch), width, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        for b, (seq, mask) in enumerate(batch):
-            n = len(seq)
-            ids[b, :n] = torch.tensor(seq)
-            att[b, :n] = 1
-            labels[b, :n] = torch.tensor([t if m else -100 for t, m in zip(seq, mask, strict=False)])
-        # labels are shifted inside the model: position t predicts token t
-        loss = model(input_ids=ids, attention_mask=att, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss_value = float(loss.detach())
-        done_steps = step
+
+    def on_step(step: int, loss_value: float) -> bool:
+        nonlocal val_accuracy
         if target_accuracy is not None and validation and step >= min_steps and step % check_every == 0:
             if task == "tools":
                 assert tool is not None
@@ -198,18 +174,13 @@ def warm_start(
             else:
                 val_accuracy = greedy_accuracy(model, renderer, validation, stops)
             log(f"warm start: step {step} loss {loss_value:.3f} validation accuracy {val_accuracy:.1%}")
-            if val_accuracy >= target_accuracy:
-                break
-        elif target_accuracy is None and (step % 25 == 0 or step == steps):
+            return val_accuracy >= target_accuracy
+        if target_accuracy is None and (step % 25 == 0 or step == steps):
             log(f"warm start: step {step}/{steps} loss {loss_value:.3f}")
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    for name in _TOKENIZER_FILES:
-        if (base_model / name).is_file():
-            shutil.copy(base_model / name, out / name)
-    for name in ("generation_config.json",):
-        if (base_model / name).is_file():
-            shutil.copy(base_model / name, out / name)
+        return False
+
+    done_steps, loss_value = sft(model, seqs, steps=steps, lr=lr, batch_size=batch_size, seed=seed, on_step=on_step)
+    save_checkpoint(model, base_model, out)
     result = {"settings": settings, "steps_run": done_steps, "final_loss": loss_value,
               "validation_accuracy": val_accuracy, "seconds": time.perf_counter() - t0}
     marker.write_text(json.dumps(result, indent=1))

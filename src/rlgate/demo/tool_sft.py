@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgate.chat.conversation import Message, ToolCall, ToolSpec
+from rlgate.train.warm_start import conversation_sequence as train_conversation
 
 __all__ = ["call_text", "conversation_sequence", "tool_system_prompt", "tool_warm_start"]
 
@@ -54,22 +55,13 @@ def conversation_sequence(renderer: Any, item: dict[str, Any], stop_ids: list[in
                           tool: dict[str, Any]) -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of system + question -> tool call -> tool result -> answer, as the
     gateway renders and bridges it (mask 1 on the assistant replies and their stop tokens)."""
-    from rlgate.chat.families.base import ParentTurn
-
     fn = tool["function"]
-    tools = [ToolSpec(fn["name"], fn.get("description"), fn["parameters"])]
-    sys_msg = Message.of("system", system)
-    prompt = renderer.render_ids([sys_msg, Message.of("user", item["question"])], tools)
-    args = {"expression": item["expression"]}
-    stop = stop_ids[0]
-    out1 = renderer.encode(call_text(fn["name"], args)) + [stop]
-    reply = Message(role="assistant", tool_calls=[ToolCall("call_0", fn["name"], json.dumps(args))])
-    parent = ParentTurn(prompt, out1, reply, renderer.decode([stop]))
-    bridge = renderer.bridge_ids(parent=parent, leading_system=sys_msg,
-                                 new_messages=[Message.of("tool", item["answer"], tool_call_id="call_0")], tools=tools)
-    out2 = renderer.encode(answer_text(item)) + [stop]
-    ids = prompt + out1 + bridge + out2
-    return ids, [0] * len(prompt) + [1] * len(out1) + [0] * len(bridge) + [1] * len(out2)
+    args = json.dumps({"expression": item["expression"]})
+    messages = [Message.of("system", system), Message.of("user", item["question"]),
+                Message(role="assistant", tool_calls=[ToolCall("call_0", fn["name"], args)]),
+                Message.of("tool", item["answer"], tool_call_id="call_0"), Message.of("assistant", answer_text(item))]
+    return train_conversation(renderer, messages, [ToolSpec(fn["name"], fn.get("description"), fn["parameters"])],
+                              stop_ids[0])
 
 
 def tool_warm_start(base_model: Path, out: Path, items: list[dict[str, Any]], *, system: str, tool: dict[str, Any],

@@ -15,7 +15,7 @@ from typing import Any
 
 from rlgate.rollout.errors import RunError
 from rlgate.train.config import TrainConfig, load_config
-from rlgate.train.run import make_runner, prepare, report_error
+from rlgate.train.run import make_runner, prepare_start, report_error
 
 _SURFACES = {"chat": "OpenAI Chat Completions", "responses": "OpenAI Responses", "messages": "Anthropic Messages"}
 
@@ -58,8 +58,9 @@ def describe_episode(ep: Any, tokenizer: Any, *, max_tokens: int = 24) -> str:
 async def check(cfg: TrainConfig, *, episodes: int = 1, print_fn: Any = print) -> int:
     from rlgate.train.gateway import GatewayPlan, open_gateway
 
-    prep = prepare(cfg)
-    named = cfg.model if str(cfg.model) == str(prep.model) else f"{cfg.model} ({prep.model})"
+    prep = await prepare_start(cfg, log=print_fn)
+    named = (f"{cfg.model} (warm start: {prep.model})" if cfg.warm_start is not None
+             else cfg.model if str(cfg.model) == str(prep.model) else f"{cfg.model} ({prep.model})")
     print_fn(f"config ok; model {named}; {len(prep.data)} training items"
              + (f", {len(prep.eval_data)} eval items" if prep.eval_data else "")
              + f"; agent {cfg.agent}" + (f"; reward {cfg.reward}" if cfg.reward else ""))

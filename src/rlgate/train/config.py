@@ -262,6 +262,22 @@ class TrackingSettings(_Strict):
     plot: bool = Field(default=True, description="write out_dir/reward_curve.png")
 
 
+class WarmStartSettings(_Strict):
+    """``warm_start``: supervised steps on example conversations before RL (train/warm_start.py)."""
+
+    dataset: DatasetSource = Field(description="conversations, one per item: {\"messages\": [...], \"tools\": [...]} "
+                                   "as in a Chat Completions request (assistant replies and tool calls are learnt)")
+    steps: int = Field(default=8, ge=1, description="AdamW steps, full weights (the result is cached in "
+                       "out_dir/warm-start/ and the run starts from it)")
+    lr: float = Field(default=3e-5, gt=0, description="learning rate")
+    batch_size: int = Field(default=8, ge=1, description="conversations per step")
+
+    @field_validator("dataset", mode="before")
+    @classmethod
+    def _path_only(cls, v: Any) -> Any:
+        return {"path": v} if isinstance(v, (str, Path)) else v
+
+
 class TrainConfig(_Strict):
     model: str = Field(description="Hugging Face checkpoint directory (weights + tokenizer)")
     out_dir: str = Field(default="runs/rlgate", description="checkpoints, metrics, logs")
@@ -289,6 +305,8 @@ class TrainConfig(_Strict):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     ray: RaySettings | None = Field(default=None, description="run rollouts (and, with replicas, the gateway) "
                                     "on Ray; None: no Ray")
+    warm_start: WarmStartSettings | None = Field(default=None, description="supervised steps on example "
+                                                 "conversations before RL (None: start from model as it is)")
 
     @field_validator("dataset", "eval_dataset", mode="before")
     @classmethod
@@ -325,6 +343,10 @@ class TrainConfig(_Strict):
         if self.gateway.policy is not None and (self.gateway.url is None or self.train.lora is None):
             raise ValueError("gateway.policy trains an adapter policy on a running gateway: it needs gateway.url "
                              "and train.lora")
+        if self.warm_start is not None and (self.gateway.url is not None or self.replicas
+                                            or self.gateway.engine == "scripted"):
+            raise ValueError("warm_start trains the model the in-process gateway serves: it does not combine with "
+                             "gateway.url, ray.replicas or gateway.engine scripted")
         if self.gateway.url is None and not self.replicas and self.gateway.sync_dir:
             raise ValueError("gateway.sync_dir only applies with gateway.url (a remote gateway) or ray.replicas")
         return self

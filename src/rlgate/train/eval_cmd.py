@@ -27,7 +27,7 @@ from rlgate.rollout.errors import RunError
 from rlgate.train.checkpoint import latest_checkpoint
 from rlgate.train.config import ConfigError, DatasetSource, TrainConfig, load_config
 from rlgate.train.loading import load_dataset, resolve_model
-from rlgate.train.run import evaluate, make_runner, prepare, report_error
+from rlgate.train.run import evaluate, make_runner, prepare_start, report_error
 
 
 async def run_eval(cfg: TrainConfig, *, checkpoint: str | None = None, dataset: str | None = None,
@@ -35,7 +35,7 @@ async def run_eval(cfg: TrainConfig, *, checkpoint: str | None = None, dataset: 
                    limit: int | None = None, report: str | None = None, print_fn: Any = print) -> dict[str, Any]:
     from rlgate.train.gateway import GatewayPlan, open_gateway
 
-    prep = prepare(cfg, need_data=False)
+    prep = await prepare_start(cfg, need_data=False, log=print_fn)
     if checkpoint:
         weights = resolve_model(checkpoint, "--checkpoint")
     else:

@@ -100,6 +100,21 @@ def prepare(cfg: TrainConfig, *, need_data: bool = True) -> Prepared:
     return Prepared(model, data, eval_data, agent, reward_fn)
 
 
+async def prepare_start(cfg: TrainConfig, *, need_data: bool = True, log: Any = print) -> Prepared:
+    """:func:`prepare`, with ``model`` the checkpoint the run starts from: the configured one, or its warm
+    start (``warm_start:``, train/warm_start.py: made now or reused)."""
+    return await warm(cfg, prepare(cfg, need_data=need_data), log=log)
+
+
+async def warm(cfg: TrainConfig, prep: Prepared, *, log: Any = print) -> Prepared:
+    """``prep`` starting from the config's warm start, if it has one (made now, or reused)."""
+    if cfg.warm_start is not None:
+        from rlgate.train.warm_start import starting_model
+
+        prep.model = await asyncio.to_thread(starting_model, cfg, prep.model, log=log)
+    return prep
+
+
 def make_runner(cfg: TrainConfig, client: Any, agent: Any, reward_fn: Any) -> Any:
     from rlgate.train.rollout import rollout_runner
 
@@ -263,6 +278,7 @@ async def _run_training(cfg: TrainConfig, hooks: Hooks | None, *, stdout: bool |
     prep = prepare(cfg)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    prep = await warm(cfg, prep, log=(lambda _: None) if stdout is False else print)
     (out / "config.yaml").write_text(cfg.to_yaml())
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
