@@ -50,7 +50,7 @@ def test_every_public_module_is_reexported():
                                                "Sample"}),
                       (rlgate.train.config, {"DatasetSource", "RolloutSettings", "GatewaySettings",
                                              "TrackingSettings", "RaySettings", "TrainerSettings", "MetricsSettings",
-                                             "ModelSettings", "LoraSettings",
+                                             "ModelSettings", "LoraSettings", "WarmStartSettings",
                                              "RunError"}),
                       (rlgate.train.run, {"Prepared", "Outcome", "Terminated", "Trackers", "ConfigError", "TrainConfig",
                                           "RunError"})):
