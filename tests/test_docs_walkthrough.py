@@ -26,9 +26,14 @@ from helpers import free_port
 DOC = Path(__file__).resolve().parents[1] / "docs" / "training.md"
 
 
-def walkthrough_blocks() -> list[tuple[str, str]]:
+REAL = "### The same agent on a real model"
+
+
+def walkthrough_blocks(part: str = "tiny") -> list[tuple[str, str]]:
+    """The code blocks of §0: the tiny model's walk-through, or (``part="real"``) its SmolLM2 part."""
     section = DOC.read_text().split("## 0. Walk-through", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S)
+    tiny, real = section.split(REAL, 1)
+    return re.findall(r"```(\w+)\n(.*?)```", tiny if part == "tiny" else real, flags=re.S)
 
 
 def test_the_walkthrough_uses_its_own_agent_and_every_command():
@@ -39,6 +44,10 @@ def test_the_walkthrough_uses_its_own_agent_and_every_command():
     for command in ("rlgate check", "rlgate train --config reverse.yaml", "tensorboard --logdir", "rlgate eval",
                     "--set steps=4"):
         assert command in commands, command
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, **extra, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
 def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> None:
@@ -59,8 +68,7 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> None:
 @pytest.mark.timeout(3600)  # six CLI runs on a tiny model; generous for a loaded 2-core machine
 def test_the_training_walkthrough_runs_verbatim(tmp_path):
     tb_port = free_port()
-    env = {**os.environ, "TB_PORT": str(tb_port),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = _env(TB_PORT=str(tb_port))
     outputs: list[str] = []
     tensorboard = None
     try:
@@ -92,3 +100,41 @@ def test_the_training_walkthrough_runs_verbatim(tmp_path):
     assert json.loads((run / "eval.json").read_text())["episodes"] == 4
     assert yaml.safe_load((run / "config.yaml").read_text())["rollout"]["export_style"] == "concat"
     assert len(list((run / "trajectories").glob("step-*.parquet"))) == 4
+
+
+# The SmolLM2 part, shortened: 1 RL step (not 10) and 1 evaluation sample per word (not 4); the warm start,
+# the check and the config as written. Its measured 10-step runs are in the doc.
+SHORTEN = {"steps: 10\n": "steps: 1\n", "eval_samples_per_item: 4\n": "eval_samples_per_item: 1\n",
+           "checkpoint_every: 10\n": "checkpoint_every: 1\n"}
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.timeout(3600)
+def test_the_real_model_part_warm_starts_and_records_a_tool_round(tmp_path, smollm2_dir):
+    for kind, code in walkthrough_blocks():  # the agent and train.jsonl come from the tiny part
+        if kind != "bash" and not code.startswith("# reverse.yaml"):
+            (tmp_path / code.splitlines()[0].removeprefix("#").strip()).write_text(code)
+    subprocess.run([sys.executable, "make_data.py"], cwd=tmp_path, check=True)
+    outputs = []
+    for kind, code in walkthrough_blocks("real"):
+        if kind != "bash":
+            for a, b in SHORTEN.items():
+                assert a in code or not code.startswith("# reverse-smollm2.yaml"), a
+                code = code.replace(a, b)
+            (tmp_path / code.splitlines()[0].removeprefix("#").strip()).write_text(code)
+        else:
+            done = subprocess.run(["bash", "-ec", code], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                                  timeout=1800)
+            assert done.returncode == 0, f"{code}\n{done.stdout}\n{done.stderr}"
+            outputs.append(done.stdout)
+    check_out = next(o for o in outputs if "check passed" in o)
+    assert "warm start: saved runs/reverse-smollm2/warm-start" in check_out
+    # the generated call (loss 1), then the tool's result bridged into the same chain (loss 0)
+    assert re.search(r"generated \(loss 1\) +\d+ tokens: '<tool_call>\[\{\"name\": \"reverse\"", check_out), check_out
+    assert re.search(r"prompt +\(loss 0\) +\d+ tokens: '\\n<\|im_start\|>tool\\n[a-z]+<\|im_end\|>", check_out), check_out
+    train_out = next(o for o in outputs if "done: step 1" in o)
+    assert "made earlier with these settings" in train_out  # train reuses check's warm start
+    run = tmp_path / "runs" / "reverse-smollm2"
+    assert yaml.safe_load((run / "config.yaml").read_text())["warm_start"]["steps"] == 4
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1]
