@@ -316,3 +316,28 @@ async def test_a_step_that_finishes_as_the_loop_is_cancelled_is_counted_and_hand
     assert [h["step"] for h in state.history] == [1.0]
     assert state.unreported is not None and state.unreported.metrics is state.history[-1]
     assert len(state.unreported.samples) == 2 and {s.step for s in state.unreported.samples} == {1}
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_proximal_trainer_takes_the_ratio_against_the_trainer_not_a_mismatched_engine(tiny_model_dir, minibatches):
+    """Recorded logprobs that disagree with the trainer's (bfloat16 compute against a float32 engine, or
+    here an engine that reported -3.0 for every token): with ``proximal: recorded`` the on-policy ratio is
+    far from 1 and the clip binds; with ``proximal: trainer`` the ratio is the trainer's own (1 at the
+    first update), nothing is clipped at the first update, and the step still learns."""
+    def sample(reward):
+        return Sample(id="s", input_ids=[5, 6, 7, 8, 9, 10], loss_mask=[0, 0, 1, 1, 1, 1],
+                      logprobs=[0.0, 0.0, -3.0, -3.0, -3.0, -3.0], versions=[-1, -1, 0, 0, 0, 0], reward=reward)
+
+    batch = [sample(1.0), sample(0.0), sample(1.0), sample(0.0)]
+    clipped = {}
+    for proximal in ("recorded", "trainer"):
+        trainer = GRPOTrainer(_fresh_model(tiny_model_dir), GRPOConfig(lr=1e-4, device="cpu", proximal=proximal,
+                                                                        minibatches=minibatches))
+        m = trainer.step(batch, ["g"] * 4, current_version=0)
+        assert m["behav_logprob_abs_err"] > 0.5  # the tiny model's logprobs are nowhere near -3.0
+        assert m["grad_norm"] > 0 and m["updates"] == minibatches
+        clipped[proximal] = m["clip_fraction"]
+    assert clipped["recorded"] > 0.5
+    assert clipped["trainer"] < clipped["recorded"]
+    if minibatches == 1:
+        assert clipped["trainer"] == 0.0
