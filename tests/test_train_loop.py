@@ -341,3 +341,27 @@ def test_proximal_trainer_takes_the_ratio_against_the_trainer_not_a_mismatched_e
     assert clipped["trainer"] < clipped["recorded"]
     if minibatches == 1:
         assert clipped["trainer"] == 0.0
+
+
+@pytest.mark.parametrize("proximal", ["recorded", "trainer"])
+def test_a_stale_batch_with_one_update_runs_no_extra_proximal_forward(tiny_model_dir, proximal):
+    """With one update per batch the proximal policy (the trainer's at the start of the step) is the
+    current one, so a stale sample's ratio is taken against the step's own forward, detached: the step
+    runs as many forward passes as a fresh batch's, and the stale ratio is exactly 1 (nothing clipped)."""
+    def sample(reward):
+        return Sample(id="s", input_ids=[5, 6, 7, 8, 9, 10], loss_mask=[0, 0, 1, 1, 1, 1],
+                      logprobs=[0.0, 0.0, -3.0, -3.0, -3.0, -3.0], versions=[-1, -1, 0, 0, 0, 0], reward=reward)
+
+    batch = [sample(1.0), sample(0.0), sample(1.0), sample(0.0)]
+    forwards = {}
+    for current_version in (0, 1):  # fresh, then every sample one version behind
+        model = _fresh_model(tiny_model_dir)
+        calls = []
+        model.register_forward_hook(lambda *_, seen=calls: seen.append(1))
+        trainer = GRPOTrainer(model, GRPOConfig(lr=1e-4, device="cpu", proximal=proximal, share_prompt=False))
+        m = trainer.step(batch, ["g"] * 4, current_version=current_version)
+        assert m["grad_norm"] > 0 and m["stale_samples"] == 4 * current_version
+        forwards[current_version] = len(calls)
+        if current_version == 1:
+            assert m["clip_fraction"] == 0.0 and m["approx_kl"] == 0.0
+    assert forwards[1] == forwards[0] >= 1

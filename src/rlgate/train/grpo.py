@@ -153,12 +153,13 @@ class GRPOTrainer:
         batch = {k: v.to(self.device) for k, v in batch.items()}
         total_tokens = int(batch["loss_mask"].sum())
         # ------------------------------------------------------------------ proximal logprobs
-        # Needed when a sample is stale (decoupled PPO) or when the batch gets several updates.
-        # grpo.proximal "trainer" with one update per batch: the proximal policy is the current one, so each
-        # chunk's own forward (detached) is it, and no extra forward runs
-        prox_current = cfg.proximal == "trainer" and cfg.minibatches == 1
+        # The proximal policy is the trainer's at the start of the step: what a stale sample's ratio is taken
+        # against (decoupled PPO), and every sample's with grpo.proximal "trainer". With one update per batch
+        # that is the current policy, so each chunk's own forward (detached) is it and no extra forward runs;
+        # several updates per batch move the weights between chunks, so it is computed once up front.
+        prox_current = cfg.minibatches == 1
         prox_all = None
-        if (stale.any() or cfg.minibatches > 1) and not prox_current:
+        if (stale.any() or cfg.proximal == "trainer") and not prox_current:
             prox_all = self._no_grad_logprobs(self.model, batch, temps)
         ref_all = self._no_grad_logprobs(self.ref_model, batch, temps) if self.ref_model is not None else None
         # no advantage anywhere and nothing else to optimise (no KL): no update, only the entropy is measured
@@ -197,14 +198,14 @@ class GRPOTrainer:
                 if no_signal:
                     continue
                 prox = None
-                if prox_current:
-                    prox = logp.detach()
-                elif prox_all is not None and cfg.proximal == "trainer":
-                    prox = prox_all[mb, :width]
-                elif prox_all is not None:
-                    # on-policy samples use the recorded logprobs as proximal policy too
-                    on = ~stale[mb].to(self.device)
-                    prox = torch.where(on.unsqueeze(-1), old, prox_all[mb, :width])
+                start_logp = logp.detach() if prox_current else None if prox_all is None else prox_all[mb, :width]
+                if start_logp is not None:
+                    if cfg.proximal == "trainer":
+                        prox = start_logp
+                    elif stale[mb].any():
+                        # on-policy samples use the recorded logprobs as proximal policy too
+                        on = ~stale[mb].to(self.device)
+                        prox = torch.where(on.unsqueeze(-1), old, start_logp)
                 loss, st = policy_loss(
                     logp, old, advantages[mb].to(self.device), mask, logp_prox=prox,
                     clip_low=cfg.clip_low, clip_high=cfg.clip_high, importance_cap=cfg.importance_cap,
