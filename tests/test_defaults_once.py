@@ -15,8 +15,11 @@ even where they equal today's default, and the fakes' parameters shape a test's 
 from __future__ import annotations
 
 import ast
+import typing
 from collections import defaultdict
 from pathlib import Path
+
+import pytest
 
 import rlgate
 
@@ -108,3 +111,89 @@ def test_the_scan_sees_defaults_of_every_form():
     assert (32 * 1024 * 1024, "config.py") in {(v, w.split(":")[0]) for v, w in found["max_body_bytes"]}
     assert {"episode_timeout", "shutdown_timeout", "tool_prompt", "sweep_interval"} <= _knobs()
     assert not {"seed", "host"} & _knobs()
+
+
+def _sections(model: type, seen: set[type]) -> list[type]:
+    """``model`` and every pydantic section nested in it."""
+    from pydantic import BaseModel
+
+    if model in seen:
+        return []
+    seen.add(model)
+    found = [model]
+    for f in model.model_fields.values():
+        for tp in (f.annotation, *typing.get_args(f.annotation)):
+            if isinstance(tp, type) and issubclass(tp, BaseModel):
+                found += _sections(tp, seen)
+    return found
+
+
+def test_a_training_section_embeds_a_serving_option_with_its_type_bounds_and_help():
+    """One configuration system: the training run's sections take rlgate serve's options as they are
+    declared (config.embedded): default, bounds and help from the option; the section's annotation, written
+    for type checkers, must be the option's own."""
+    from rlgate.config import GatewayConfig
+    from rlgate.train.config import OnlineTrainConfig, TrainConfig
+
+    owners = {cls.__name__: cls for cls in _options_classes()}
+    embeds = []
+    for section in _sections(TrainConfig, set()) + _sections(OnlineTrainConfig, set()):
+        for name, f in section.model_fields.items():
+            extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+            if "embeds" not in extra:
+                continue
+            owner_name, option_name = str(extra["embeds"]).split(".")
+            option = owners[owner_name].__pydantic_fields__[option_name]
+            assert f.annotation == option.annotation, (section.__name__, name)
+            assert f.description == option.description and f.metadata == option.metadata, (section.__name__, name)
+            embeds.append(f"{section.__name__}.{name}")
+    assert {"GatewaySettings.tool_parser", "GatewaySettings.context_length", "GatewaySettings.device"} <= set(embeds)
+    # the serving option's bound holds in the YAML section too
+    from rlgate.train.config import GatewaySettings
+
+    assert GatewayConfig.__pydantic_fields__["context_length"].metadata
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        GatewaySettings(context_length=0)
+
+
+def _options_classes() -> list[type]:
+    from rlgate.config import ClusterConfig, GatewayConfig, OnlineConfig
+    from rlgate.engine.options import EngineOptions
+    from rlgate.engine.remote.options import RemoteOptions
+    from rlgate.store.base import StoreOptions
+
+    return [GatewayConfig, ClusterConfig, OnlineConfig, EngineOptions, RemoteOptions, StoreOptions]
+
+
+def test_serving_options_are_validated_by_pydantic_at_construction():
+    """The serve side's options classes are pydantic dataclasses: a wrong type or a value out of bounds is
+    refused whichever way it comes (a flag, code), as the training run's YAML is."""
+    from pydantic import ValidationError
+
+    from rlgate.config import GatewayConfig
+    from rlgate.engine.options import EngineOptions
+
+    for cls in _options_classes():
+        assert hasattr(cls, "__pydantic_fields__"), cls
+    with pytest.raises(ValidationError, match="max_sessions"):
+        GatewayConfig(admin_key="k", max_sessions="many")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="max_tokens_cap"):
+        GatewayConfig(admin_key="k", max_tokens_cap=0)
+    with pytest.raises(ValidationError, match="engine"):
+        EngineOptions(engine="tensorrt")  # type: ignore[arg-type]
+    assert GatewayConfig(admin_key="k", max_sessions=5).max_sessions == 5
+
+
+def test_rlgate_serve_refuses_an_option_out_of_bounds_before_loading_anything(tmp_path):
+    """The bound is the option's (pydantic), and the command line names the flag; the model directory is
+    empty, so the refusal comes before any tokenizer or weights are read."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tmp_path), "--engine", "fake",
+                           "--max-tokens-cap", "0", "--context-length", "-5"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "--max-tokens-cap: Input should be greater than or equal to 1" in proc.stderr
+    assert "--context-length: Input should be greater than or equal to 1" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -8,11 +8,22 @@ import logging
 import os
 import secrets
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rlgate.config import LOG_LEVEL, STALE_LAG, ClusterConfig, GatewayConfig, OnlineConfig, add_arguments, from_arguments, option
+from pydantic.dataclasses import dataclass
+
+from rlgate.config import (
+    LOG_LEVEL,
+    OPTIONS,
+    STALE_LAG,
+    ClusterConfig,
+    GatewayConfig,
+    OnlineConfig,
+    add_arguments,
+    from_arguments,
+    option,
+)
 from rlgate.server.key_file import claim_key_file, publish_key_file
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -51,7 +62,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 # --------------------------------------------------------------------------- serve
 
 
-@dataclass
+@dataclass(config=OPTIONS)
 class ServeOptions:
     """``rlgate serve``'s own flags; the gateway's, the engines' and the store's come from
     their configuration classes (:func:`add_serve_args`)."""
@@ -170,13 +181,15 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
     from rlgate.server.app import create_app
     from rlgate.store import StoreError, StoreOptions, open_store
 
+    # every flag is checked (types, bounds, combinations) before anything is loaded
     options = from_arguments(EngineOptions, args)
-    online = online_config(args, options.engine)  # the flags are checked before anything is loaded
-    tokenizer = load_tokenizer(args.model, args.chat_template)
+    online = online_config(args, options.engine)
     config = gateway_config(args, admin_key)
+    remote = from_arguments(RemoteOptions, args) if options.engine in REMOTE_ENGINES else RemoteOptions()
+    store_options = from_arguments(StoreOptions, args)
+    tokenizer = load_tokenizer(args.model, args.chat_template)
     training = None
-    plan = EnginePlan(options, args.model, config.context_length, context_length(args.model),
-                      remote=from_arguments(RemoteOptions, args) if options.engine in REMOTE_ENGINES else RemoteOptions())
+    plan = EnginePlan(options, args.model, config.context_length, context_length(args.model), remote=remote)
     engine: Any
     try:
         if online.train:  # two local engines (stable + canary) and the trainer: train/online.py
@@ -191,7 +204,6 @@ def build_app(args: argparse.Namespace, admin_key: str) -> Any:
         raise SystemExit(f"rlgate: --engine {options.engine}: {exc}") from exc
     except ValueError as exc:
         raise SystemExit(f"rlgate: {exc}") from exc
-    store_options = from_arguments(StoreOptions, args)
     try:
         store = open_store(store_options.store, data_dir=store_options.data_dir, synchronous=store_options.store_sync)
     except StoreError as exc:

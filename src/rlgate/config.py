@@ -1,9 +1,10 @@
 """Configuration: every knob and limit, with its default and its help text, in one place.
 
-Each option is a dataclass field whose ``metadata`` holds its help text; the command line
-is generated from the fields (:func:`add_arguments`, :func:`from_arguments`), so a default
-is written once and a new field with ``metadata={"help": ...}`` is a new ``rlgate serve``
-flag, its default shown in ``--help``. Field metadata the generator reads:
+Each option is a dataclass field made by :func:`option`, whose ``metadata`` holds its help
+text; the command line is generated from the fields (:func:`add_arguments`,
+:func:`from_arguments`), so a default is written once and a new field
+``x: int = option(3, "what x does")`` is a new ``rlgate serve`` flag, its default shown in
+``--help``. Field metadata the generator reads:
 
 * ``help``: the flag's help text (required for a flag; a field without it gets no flag);
 * ``flag``: the flag's name when it is not ``--field-name`` (e.g. ``--cors-origin`` for a
@@ -17,6 +18,14 @@ flag, its default shown in ``--help``. Field metadata the generator reads:
 Types: ``int``, ``float``, ``str`` and ``Literal[...]`` take a value; ``bool`` fields are
 ``--flag`` / ``--no-flag``; ``list[X]`` flags are repeated once per item; for ``X | None``
 fields the value ``none`` means None.
+
+One configuration system: these classes are *pydantic* dataclasses, validated at construction
+by the same library, with the same errors, as the training run's YAML sections
+(``train/config.py``). :func:`option`'s help text is also the field's pydantic ``description``,
+and its bounds (``ge``, ``gt``, ``le``, ``lt``) are pydantic's, so a value out of range is refused
+whether it comes from a flag, a YAML key or code. A training section that takes a serving
+option embeds this declaration (``train/config.py``'s ``serving_option``) instead of writing
+its type, default, bounds and help again.
 """
 
 from __future__ import annotations
@@ -28,8 +37,12 @@ import os
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
+
+from pydantic import ConfigDict, ValidationError
+from pydantic.dataclasses import dataclass
+from pydantic.fields import FieldInfo
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -43,19 +56,37 @@ T = TypeVar("T", bound="DataclassInstance")
 STALE_LAG = 4
 
 
+# every options class: pydantic-validated at construction (engines, stores and pools are plain objects)
+OPTIONS = ConfigDict(arbitrary_types_allowed=True)
+BOUNDS = ("ge", "gt", "le", "lt")
+
+
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,
            **meta: Any) -> Any:
-    """A dataclass field with its help text: ``x: int = option(3, "what x does")``."""
-    metadata = {"help": help, **meta}
+    """A dataclass field with its help text: ``x: int = option(3, "what x does")``; ``ge=1`` and the
+    other bounds are checked by pydantic (a flag, a YAML key or code alike)."""
+    metadata = {"help": help, "description": help, **meta}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
+def embedded(cls: type[Any], name: str, **overrides: Any) -> Any:
+    """Options class ``cls``'s field ``name`` as a field of another pydantic section (the training run's
+    ``gateway:`` takes the gateway's rendering options this way): its default, bounds and help are this
+    module's; ``overrides`` (e.g. ``default=None``) only where that section's default differs on purpose.
+    The section writes the field's type again for type checkers; tests/test_defaults_once.py checks it."""
+    info: FieldInfo = cls.__pydantic_fields__[name]
+    merged = FieldInfo.merge_field_infos(info, **overrides)
+    merged.json_schema_extra = {"embeds": f"{cls.__name__}.{name}"}
+    merged.init = merged.kw_only = None  # a dataclass's, not the section's
+    return merged
+
+
 LOG_LEVEL = "info"  # uvicorn's and rlgate's log level unless told otherwise (rlgate serve --log-level)
 
 
-@dataclass
+@dataclass(config=OPTIONS)
 class GatewayConfig:
     """What the gateway does and how much it accepts (``rlgate serve`` flags of the same names)."""
 
@@ -80,14 +111,16 @@ class GatewayConfig:
         "does: docs/http-api.md#tools-a-template-cannot-show)")
     default_max_tokens: int | None = option(
         None, "generated tokens when a request sets no max tokens (none: up to the rest of the context, as the "
-        "OpenAI API and vLLM do; a reply cut by this cap counts in the default_cap_cuts guard)")
-    max_tokens_cap: int | None = option(None, "hard cap on generated tokens per request (none: the context only)")
+        "OpenAI API and vLLM do; a reply cut by this cap counts in the default_cap_cuts guard)", ge=1)
+    max_tokens_cap: int | None = option(None, "hard cap on generated tokens per request (none: the context only)",
+                                        ge=1)
     history_matchers: list[str] = option(
         help="a history matcher: finds the parent turn when a client re-serialises the model's reply "
         "(built in: smolagents, claude_code_compaction; or package.module:attribute); repeat for more; the "
         "built-in ones are on by default ('none' drops those named before it)",
         factory=lambda: ["smolagents", "claude_code_compaction"], flag="--history-matcher", metavar="NAME")
-    context_length: int | None = option(None, "tokens of prompt + output a request may use (none: the engine's)")
+    context_length: int | None = option(None, "tokens of prompt + output a request may use (none: the engine's; "
+                                        "raise it to serve long agent prompts, RoPE)", ge=1)
     stop_token_ids: list[int] | None = option(
         None, "a token id that ends generation (repeat for several; default: the tokenizer's eos and the "
         "model's generation_config eos)", flag="--stop-token-id", metavar="ID")
@@ -113,105 +146,89 @@ class GatewayConfig:
         10.0, "seconds without a streamed event before a keep-alive event (ping) is sent (0: never)")
     image_placeholder: str = "<image>"  # informational: what text-only templates render for an image
     # ---- hardening (docs/operations.md "Limits", docs/security.md) ----
-    allow_template_override: bool = field(default=False, metadata={"help": (
-        "let clients set reserved chat_template_kwargs (chat_template, tokenize, ...): only for trusted "
-        "clients; their templates then render in a worker bounded by --render-timeout")})
-    render_timeout: float = field(default=30.0, metadata={"help": (
-        "seconds a request's prompt may take to render and tokenize in a worker thread; more -> 503")})
-    render_workers: int = field(default=2, metadata={"help": (
-        "worker threads that render and tokenize large prompts (small ones stay on the event loop)")})
-    max_json_depth: int = field(default=64, metadata={"help": "nesting depth of a request body; deeper -> 400"})
-    max_image_bytes: int = field(default=10 * 1024 * 1024, metadata={"help": (
-        "size of one image (base64 data or URL) in a request; larger -> 413")})
-    max_image_bytes_per_session: int = field(default=64 * 1024 * 1024, metadata={"help": (
-        "image bytes one session may record (each image counted where the store writes it); more -> 413")})
-    rate_limit_per_key: float = field(default=0.0, metadata={"help": (
-        "requests per second one session key may make (token bucket; 0: no limit); more -> 429 + Retry-After")})
-    rate_limit_burst: int = field(default=32, metadata={"help": "token bucket size of --rate-limit-per-key"})
-    header_timeout: float = field(default=10.0, metadata={"help": (
-        "seconds a client has to send a request's headers (from the connection or the request's first byte)")})
-    body_timeout: float = field(default=60.0, metadata={"help": (
-        "seconds a client has to send a whole request body once its headers arrived; slower -> 408")})
-    max_buffered_body_bytes: int = field(default=512 * 1024 * 1024, metadata={"help": (
-        "request bodies held in memory at once, all requests together; more -> 503 server_busy")})
-    max_connections: int = field(default=2048, metadata={"help": (
-        "open HTTP connections; more are answered 503 and closed (lowered to fit the open-file limit)")})
+    allow_template_override: bool = option(
+        False, "let clients set reserved chat_template_kwargs (chat_template, tokenize, ...): only for trusted "
+        "clients; their templates then render in a worker bounded by --render-timeout")
+    render_timeout: float = option(
+        30.0, "seconds a request's prompt may take to render and tokenize in a worker thread; more -> 503")
+    render_workers: int = option(2, "worker threads that render and tokenize large prompts (small ones stay on the event loop)")
+    max_json_depth: int = option(64, "nesting depth of a request body; deeper -> 400")
+    max_image_bytes: int = option(10 * 1024 * 1024, "size of one image (base64 data or URL) in a request; larger -> 413")
+    max_image_bytes_per_session: int = option(
+        64 * 1024 * 1024, "image bytes one session may record (each image counted where the store writes it); more -> 413")
+    rate_limit_per_key: float = option(
+        0.0, "requests per second one session key may make (token bucket; 0: no limit); more -> 429 + Retry-After")
+    rate_limit_burst: int = option(32, "token bucket size of --rate-limit-per-key")
+    header_timeout: float = option(
+        10.0, "seconds a client has to send a request's headers (from the connection or the request's first byte)")
+    body_timeout: float = option(
+        60.0, "seconds a client has to send a whole request body once its headers arrived; slower -> 408")
+    max_buffered_body_bytes: int = option(
+        512 * 1024 * 1024, "request bodies held in memory at once, all requests together; more -> 503 server_busy")
+    max_connections: int = option(
+        2048, "open HTTP connections; more are answered 503 and closed (lowered to fit the open-file limit)")
 
     # ---- metrics, silent-failure guards and the viewer (docs/operations.md, "Metrics and guards")
-    metrics_port: int | None = field(default=None, metadata={
-        "help": "also serve GET /metrics without a key on this port (a separate bind for scrapers); "
-                "None: only the admin-key /metrics on the main port"})
-    metrics_host: str = field(default="127.0.0.1", metadata={"help": "address of the --metrics-port bind"})
-    ui: bool = field(default=False, metadata={
-        "help": "serve the trajectory viewer at /ui (admin key required: login form or Authorization header)"})
-    ui_login_ttl: float = field(default=12 * 3600.0, metadata={
-        "help": "seconds a /ui login cookie stays valid"})
-    guard_window: int = field(default=500, metadata={
-        "help": "observations each silent-failure guard looks back over (a reply, an export, a store poll)"})
-    guard_min_events: int = field(default=20, metadata={
-        "help": "events a guard needs in its window before its ratio can raise an alarm"})
-    guard_poll_interval: float = field(default=5.0, metadata={
-        "help": "seconds between polls of the store's write counters (store guard, alarms without traffic)"})
-    guard_tool_parse_failure_ratio: float = field(default=0.1, metadata={
-        "help": "alarm when more than this fraction of tool-call blocks the parser met did not parse"})
-    guard_unparsed_tool_markup_ratio: float = field(default=0.05, metadata={
-        "help": "alarm when more than this fraction of replies show tool-call markup as text"})
-    guard_empty_reply_ratio: float = field(default=0.1, metadata={
-        "help": "alarm when more than this fraction of replies are empty (no text, reasoning or tool call)"})
-    guard_fork_ratio: float = field(default=0.25, metadata={
-        "help": "alarm when more than this fraction of follow-up turns fork instead of extending a parent"})
-    guard_unaligned_turn_ratio: float = field(default=0.05, metadata={
-        "help": "alarm when more than this fraction of turns in concat exports are unaligned (no loss)"})
-    guard_missing_reward_ratio: float = field(default=0.05, metadata={
-        "help": "alarm when more than this fraction of exported samples have no reward"})
-    guard_stale_lag: int = field(default=STALE_LAG, metadata={
-        "help": "a generated token is stale at export when the weights moved more than this many versions since"})
-    guard_stale_token_ratio: float = field(default=0.1, metadata={
-        "help": "alarm when more than this fraction of exported generated tokens are stale"})
-    guard_abort_ratio: float = field(default=0.1, metadata={
-        "help": "alarm when more than this fraction of generations are aborted, fail or are cut by a restart"})
-    guard_store_failure_ratio: float = field(default=0.0, metadata={
-        "help": "alarm when more than this fraction of store writes fail (0: any failure)"})
-    guard_default_cap_cut_ratio: float = field(default=0.05, metadata={
-        "help": "alarm when more than this fraction of replies are cut by a token cap the client never asked "
-                "for (--default-max-tokens, --max-tokens-cap)"})
+    metrics_port: int | None = option(None, "also serve GET /metrics without a key on this port (a separate bind for scrapers); "
+                                      "None: only the admin-key /metrics on the main port")
+    metrics_host: str = option("127.0.0.1", "address of the --metrics-port bind")
+    ui: bool = option(False, "serve the trajectory viewer at /ui (admin key required: login form or Authorization header)")
+    ui_login_ttl: float = option(12 * 3600.0, "seconds a /ui login cookie stays valid")
+    guard_window: int = option(500, "observations each silent-failure guard looks back over (a reply, an export, a store poll)")
+    guard_min_events: int = option(20, "events a guard needs in its window before its ratio can raise an alarm")
+    guard_poll_interval: float = option(
+        5.0, "seconds between polls of the store's write counters (store guard, alarms without traffic)")
+    guard_tool_parse_failure_ratio: float = option(
+        0.1, "alarm when more than this fraction of tool-call blocks the parser met did not parse")
+    guard_unparsed_tool_markup_ratio: float = option(
+        0.05, "alarm when more than this fraction of replies show tool-call markup as text")
+    guard_empty_reply_ratio: float = option(
+        0.1, "alarm when more than this fraction of replies are empty (no text, reasoning or tool call)")
+    guard_fork_ratio: float = option(
+        0.25, "alarm when more than this fraction of follow-up turns fork instead of extending a parent")
+    guard_unaligned_turn_ratio: float = option(
+        0.05, "alarm when more than this fraction of turns in concat exports are unaligned (no loss)")
+    guard_missing_reward_ratio: float = option(0.05, "alarm when more than this fraction of exported samples have no reward")
+    guard_stale_lag: int = option(
+        STALE_LAG, "a generated token is stale at export when the weights moved more than this many versions since")
+    guard_stale_token_ratio: float = option(0.1, "alarm when more than this fraction of exported generated tokens are stale")
+    guard_abort_ratio: float = option(
+        0.1, "alarm when more than this fraction of generations are aborted, fail or are cut by a restart")
+    guard_store_failure_ratio: float = option(0.0, "alarm when more than this fraction of store writes fail (0: any failure)")
+    guard_default_cap_cut_ratio: float = option(
+        0.05, "alarm when more than this fraction of replies are cut by a token cap the client never asked "
+        "for (--default-max-tokens, --max-tokens-cap)")
 
 
-@dataclass
+@dataclass(config=OPTIONS)
 class ClusterConfig:
     """Gateway replicas on Ray behind one router (``rlgate serve --replicas N``; see docs/scale-out.md)."""
 
-    replicas: int = field(default=0, metadata={
-        "help": "run N gateway replicas as Ray actors behind a router on --host/--port (0: one plain gateway)"})
-    ray_address: str | None = field(default=None, metadata={
-        "help": "join this Ray cluster (e.g. 'auto' or HOST:6379) instead of starting a local one; it must run "
-                "with Ray's token authentication (RAY_AUTH_MODE=token) and rlgate needs its token (--ray-token-file)"})
-    ray_token_file: str | None = field(default=None, metadata={
-        "help": "Ray's authentication token file. A local Ray cluster gets a new token at each start, written here "
-                "with mode 0600 (default: ray-auth-token beside --admin-key-file, else in --data-dir, else in a "
-                "private temporary directory); with --ray-address the cluster's token is read from here (default: "
-                "where Ray looks: $RAY_AUTH_TOKEN_PATH, $RAY_AUTH_TOKEN, ~/.ray/auth_token)",
-        "cli_default": None, "metavar": "PATH"})
-    ray_allow_unauthenticated: bool = field(default=False, metadata={
-        "help": "join --ray-address even if that Ray cluster runs WITHOUT authentication (RAY_AUTH_MODE=disabled): "
-                "anyone who can reach its ports can then run code as its user and read the admin key from the "
-                "replicas (without it: refuse to start)"})
-    replica_num_cpus: float = field(default=1.0, metadata={"help": "CPUs Ray reserves for each replica"})
-    replica_num_gpus: float = field(default=0.0, metadata={
-        "help": "GPUs Ray reserves for each replica (1 with --engine local on GPU nodes)"})
-    replica_host: str = field(default="127.0.0.1", metadata={
-        "help": "interface each replica's HTTP port binds; 0.0.0.0 when replicas run on other nodes"})
-    ray_num_cpus: int | None = field(default=None, metadata={
-        "help": "local Ray cluster only: CPUs it may schedule (default: the machine's, or what the replicas "
-                "reserve if that is more)"})
-    object_store_mb: int = field(default=128, metadata={
-        "help": "local Ray cluster only: object store size in MiB (the data plane does not use it)"})
-    refresh_interval: float = field(default=0.5, metadata={
-        "help": "seconds between the router's refreshes of replica state and load"})
-    namespace: str = field(default="rlgate", metadata={"help": "Ray namespace of the replica actors"})
+    replicas: int = option(0, "run N gateway replicas as Ray actors behind a router on --host/--port (0: one plain gateway)")
+    ray_address: str | None = option(
+        None, "join this Ray cluster (e.g. 'auto' or HOST:6379) instead of starting a local one; it must run "
+        "with Ray's token authentication (RAY_AUTH_MODE=token) and rlgate needs its token (--ray-token-file)")
+    ray_token_file: str | None = option(
+        None, "Ray's authentication token file. A local Ray cluster gets a new token at each start, written here "
+        "with mode 0600 (default: ray-auth-token beside --admin-key-file, else in --data-dir, else in a "
+        "private temporary directory); with --ray-address the cluster's token is read from here (default: "
+        "where Ray looks: $RAY_AUTH_TOKEN_PATH, $RAY_AUTH_TOKEN, ~/.ray/auth_token)", cli_default=None, metavar="PATH")
+    ray_allow_unauthenticated: bool = option(
+        False, "join --ray-address even if that Ray cluster runs WITHOUT authentication (RAY_AUTH_MODE=disabled): "
+        "anyone who can reach its ports can then run code as its user and read the admin key from the "
+        "replicas (without it: refuse to start)")
+    replica_num_cpus: float = option(1.0, "CPUs Ray reserves for each replica")
+    replica_num_gpus: float = option(0.0, "GPUs Ray reserves for each replica (1 with --engine local on GPU nodes)")
+    replica_host: str = option("127.0.0.1", "interface each replica's HTTP port binds; 0.0.0.0 when replicas run on other nodes")
+    ray_num_cpus: int | None = option(
+        None, "local Ray cluster only: CPUs it may schedule (default: the machine's, or what the replicas "
+        "reserve if that is more)")
+    object_store_mb: int = option(128, "local Ray cluster only: object store size in MiB (the data plane does not use it)")
+    refresh_interval: float = option(0.5, "seconds between the router's refreshes of replica state and load")
+    namespace: str = option("rlgate", "Ray namespace of the replica actors")
 
 
-@dataclass
+@dataclass(config=OPTIONS)
 class OnlineConfig:
     """The online mode (``rlgate serve --online``; docs/online.md), one class for both parts: serving real
     traffic (tenant keys, conversations, feedback and its rewards, data rights, fair limits) and learning
@@ -487,4 +504,10 @@ def from_arguments(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
         if value is None and not _unwrap(hints[f.name])[1]:
             continue
         values[f.name] = value
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValidationError as exc:  # a value out of its bounds: the flag's name and pydantic's reason
+        flags = {f.name: _flag(f) for f in dataclasses.fields(cls)}
+        problems = [f"{flags.get(str(e['loc'][0]), e['loc'][0]) if e['loc'] else cls.__name__}: {e['msg']}"
+                    for e in exc.errors()]
+        raise SystemExit("rlgate: " + "; ".join(problems)) from None

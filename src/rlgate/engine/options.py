@@ -6,17 +6,18 @@ are the engines' own (``LocalEngine`` and ``FakeEngine`` read them from this cla
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
-from rlgate.config import option
+from pydantic.dataclasses import dataclass
+
+from rlgate.config import OPTIONS, option
 
 __all__ = ["EngineKind", "EngineOptions"]
 
 EngineKind = Literal["local", "fake", "sglang", "vllm"]
 
 
-@dataclass
+@dataclass(config=OPTIONS)
 class EngineOptions:
     engine: EngineKind = option("local", "local: PyTorch in this process; fake: scripted replies; sglang / vllm: "
                                 "drive inference servers (--backend-url)")

@@ -18,17 +18,18 @@ is sent (see docs/operations.md, "Durability guarantee").
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from rlgate.config import option
+from pydantic.dataclasses import dataclass
+
+from rlgate.config import OPTIONS, option
 from rlgate.store.online import MemoryOnlineRecords
 from rlgate.trajectory.interaction import Interaction, Session
 
 Synchronous = Literal["full", "normal"]
 
 
-@dataclass
+@dataclass(config=OPTIONS)
 class StoreOptions:
     """Where ``rlgate serve`` keeps sessions and trajectories (see docs/operations.md)."""
 

@@ -19,7 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rlgate.config import ClusterConfig, GatewayConfig, OnlineConfig
+from rlgate.config import ClusterConfig, GatewayConfig, OnlineConfig, embedded
+from rlgate.engine.options import EngineOptions
 from rlgate.rollout.errors import RunError
 from rlgate.rollout.runner import CONCURRENCY, EPISODE_TIMEOUT_S, GROUP_SIZE, MAX_CONSECUTIVE_FAILURES
 from rlgate.trajectory.export import DEFAULT_EXPORT_STYLE, NO_DISCOUNT, PAD_TOKEN_ID
@@ -168,23 +169,16 @@ class GatewaySettings(_Strict):
     host: str = Field(default="127.0.0.1", description="interface the in-process gateway (with ray.replicas: "
                       "the router) binds; 0.0.0.0 when episodes run on other nodes (rollout mode ray on a "
                       "multi-node cluster): they get this node's IP")
-    tool_parser: str | None = Field(default=GatewayConfig.tool_parser, description="in-process: tool-call parser "
-                                    "('auto': the model family's, as rlgate serve; None: off)")
+    # the in-process gateway's rendering options: rlgate serve's own (config.GatewayConfig), embedded
+    tool_parser: str | None = embedded(GatewayConfig, "tool_parser")
     # off unless set (rlgate serve: 'auto'): a training agent scores the reply's content, and a reasoning parser
     # moves text out of it; the recorded tokens are the same either way
-    reasoning_parser: str | None = Field(default=None, description="in-process: reasoning parser, e.g. 'think' or "
-                                         "'auto' (the model family's); None: off")
-    tool_prompt: Literal["off", "auto"] = Field(default=GatewayConfig.tool_prompt,
-                                                description="in-process: tools the chat template "
-                                                "cannot show: 'off' (reported, unseen) or 'auto' (described in the "
-                                                "system message: docs/http-api.md#tools-a-template-cannot-show)")
-    trajectory_mode: Literal["token_exact", "rerender"] = Field(default=GatewayConfig.trajectory_mode,
-                                                                description="in-process")
-    context_length: int | None = Field(default=None, ge=1, description="in-process: None: the model's; raise it "
-                                       "to serve long agent prompts (RoPE)")
-    max_tokens_cap: int | None = Field(default=None, ge=1, description="in-process: hard cap on generated tokens "
-                                       "per call (agents ask for 32k+)")
-    device: str | None = Field(default=None, description="in-process engine's device (None: cuda if available)")
+    reasoning_parser: str | None = embedded(GatewayConfig, "reasoning_parser", default=None)
+    tool_prompt: Literal["off", "auto"] = embedded(GatewayConfig, "tool_prompt")
+    trajectory_mode: Literal["token_exact", "rerender"] = embedded(GatewayConfig, "trajectory_mode")
+    context_length: int | None = embedded(GatewayConfig, "context_length")
+    max_tokens_cap: int | None = embedded(GatewayConfig, "max_tokens_cap")
+    device: str | None = embedded(EngineOptions, "device")
     engine_threads: int | None = Field(default=None, ge=1, description="in-process engine on the CPU: torch threads "
                                        "(None: all cores but one, which the gateway's and agents' Python gets)")
     engine: Literal["local", "scripted"] = Field(default="local", description="in-process: the model (local) or "

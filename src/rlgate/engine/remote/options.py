@@ -6,10 +6,11 @@ this class), so they are written once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
-from rlgate.config import option
+from pydantic.dataclasses import dataclass
+
+from rlgate.config import OPTIONS, option
 from rlgate.engine.remote.pool import Failover
 
 __all__ = ["REMOTE_ENGINES", "RemoteOptions", "SGLangPauseMode", "VLLMLogprobsMode", "VLLMPauseMode"]
@@ -21,7 +22,7 @@ VLLMLogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
 VLLMPauseMode = Literal["abort", "wait", "keep"]
 
 
-@dataclass
+@dataclass(config=OPTIONS)
 class RemoteOptions:
     """Options of ``--engine sglang | vllm``."""
 
