@@ -147,7 +147,8 @@ def test_a_training_section_embeds_a_serving_option_with_its_type_bounds_and_hel
             assert f.annotation == option.annotation, (section.__name__, name)
             assert f.description == option.description and f.metadata == option.metadata, (section.__name__, name)
             embeds.append(f"{section.__name__}.{name}")
-    assert {"GatewaySettings.tool_parser", "GatewaySettings.context_length", "GatewaySettings.device"} <= set(embeds)
+    assert {"GatewaySettings.tool_parser", "GatewaySettings.context_length", "GatewaySettings.device",
+            "RaySettings.replicas", "RaySettings.replica_num_cpus"} <= set(embeds)
     # the serving option's bound holds in the YAML section too
     from rlgate.train.config import GatewaySettings
 

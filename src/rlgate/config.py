@@ -204,7 +204,8 @@ class GatewayConfig:
 class ClusterConfig:
     """Gateway replicas on Ray behind one router (``rlgate serve --replicas N``; see docs/scale-out.md)."""
 
-    replicas: int = option(0, "run N gateway replicas as Ray actors behind a router on --host/--port (0: one plain gateway)")
+    replicas: int = option(0, "run N gateway replicas as Ray actors behind a router on --host/--port (0: one plain "
+                           "gateway)", ge=0)
     ray_address: str | None = option(
         None, "join this Ray cluster (e.g. 'auto' or HOST:6379) instead of starting a local one; it must run "
         "with Ray's token authentication (RAY_AUTH_MODE=token) and rlgate needs its token (--ray-token-file)")
@@ -217,8 +218,9 @@ class ClusterConfig:
         False, "join --ray-address even if that Ray cluster runs WITHOUT authentication (RAY_AUTH_MODE=disabled): "
         "anyone who can reach its ports can then run code as its user and read the admin key from the "
         "replicas (without it: refuse to start)")
-    replica_num_cpus: float = option(1.0, "CPUs Ray reserves for each replica")
-    replica_num_gpus: float = option(0.0, "GPUs Ray reserves for each replica (1 with --engine local on GPU nodes)")
+    replica_num_cpus: float = option(1.0, "CPUs Ray reserves for each replica", ge=0)
+    replica_num_gpus: float = option(0.0, "GPUs Ray reserves for each replica (1 with --engine local on GPU nodes)",
+                                     ge=0)
     replica_host: str = option("127.0.0.1", "interface each replica's HTTP port binds; 0.0.0.0 when replicas run on other nodes")
     ray_num_cpus: int | None = option(
         None, "local Ray cluster only: CPUs it may schedule (default: the machine's, or what the replicas "

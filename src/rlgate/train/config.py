@@ -221,14 +221,11 @@ class RaySettings(_Strict):
                                         "WITHOUT authentication (anyone who reaches its ports can run code as its "
                                         "user); false: refuse to start")
     num_cpus: int | None = Field(default=None, ge=1, description="local cluster only: CPUs it may schedule")
-    replicas: int = Field(default=ClusterConfig.replicas, ge=0,
-                          description="gateway replicas on Ray (0: the gateway as in `gateway:`)")
-    replica_num_cpus: float = Field(default=ClusterConfig.replica_num_cpus, ge=0,
-                                    description="CPUs Ray reserves for each replica")
-    replica_num_gpus: float = Field(default=ClusterConfig.replica_num_gpus, ge=0,
-                                    description="GPUs Ray reserves for each replica")
-    replica_host: str = Field(default=ClusterConfig.replica_host, description="interface each replica binds; 0.0.0.0 when "
-                              "replicas run on other nodes")
+    # the replicas' settings: rlgate serve --replicas' own (config.ClusterConfig), embedded
+    replicas: int = embedded(ClusterConfig, "replicas")
+    replica_num_cpus: float = embedded(ClusterConfig, "replica_num_cpus")
+    replica_num_gpus: float = embedded(ClusterConfig, "replica_num_gpus")
+    replica_host: str = embedded(ClusterConfig, "replica_host")
     episode: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 1},
                                     description="each episode's Ray resource request, e.g. {num_cpus: 1}")
     data_dir: str | None = Field(default=None, description="replicas' stores (default out_dir/replicas; "
