@@ -71,6 +71,7 @@ class RealDemoSettings(DemoSettings):
     truncated_reward: float | None = 0.0  # a reply cut at max_tokens earns 0 in training (not in evaluation)
     train_reward: str = "number-first"  # partial credit only for a reply that starts with the right number
     clip_high: float | None = 0.28  # grpo.clip_high: DAPO's clip-higher, against the entropy collapse (docs/training.md §6)
+    proximal: Literal["recorded", "trainer"] = "recorded"  # grpo.proximal (docs/training.md §3, "The loss")
     kinds: tuple[str, ...] = ("larger",)  # the questions asked: ("larger", "smaller") for both
     max_tokens: int = 8
     concurrency: int = 32
@@ -131,7 +132,7 @@ def demo_config(settings: RealDemoSettings, *, model_dir: Path, out: Path, url: 
         grpo=GRPOConfig(lr=settings.lr, groups_per_step=settings.groups_per_step, max_staleness=0,
                         scale_adv_by_std=False, micro_batch_size=32, pad_token_id=0, device=device,
                         dynamic_sampling=settings.dynamic_sampling, truncated_reward=settings.truncated_reward,
-                        clip_high=settings.clip_high),
+                        clip_high=settings.clip_high, proximal=settings.proximal),
         train=ModelSettings(dtype=settings.dtype,
                             lora=LoraSettings(r=settings.lora_r, alpha=settings.lora_alpha) if settings.lora_r else None),
         rollout=RolloutSettings(group_size=settings.group_size, concurrency=settings.concurrency,
