@@ -176,7 +176,8 @@ def synthetic_batch(model_dir: Path, groups: int, group_size: int, completion: i
     return {"samples": samples, "group_ids": gids, "version": 0}
 
 
-def time_variants(model_dir: Path, last: dict, repeats: int, micro: int) -> list[tuple[str, list[tuple[float, float]]]]:
+def time_variants(model_dir: Path, last: dict, repeats: int, micro: int,
+                  only: list[str] | None = None) -> list[tuple[str, list[tuple[float, float]]]]:
     """(wall, CPU) seconds per step of each variant on the same batch, interleaved. CPU time (every
     thread of this process) is the work done: on a shared machine the load inflates wall time, not it."""
     import torch
@@ -190,7 +191,7 @@ def time_variants(model_dir: Path, last: dict, repeats: int, micro: int) -> list
     loss_tokens = int(batch["loss_mask"].sum())
 
     def grpo(trim: bool = True, dtype: torch.dtype = torch.float32, checkpointing: bool = False, share: bool = True,
-             autocast: bool = False, lora: int = 0):
+             autocast: bool = False, lora: int = 0, stale: bool = False):
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -201,7 +202,8 @@ def time_variants(model_dir: Path, last: dict, repeats: int, micro: int) -> list
                                                      task_type="CAUSAL_LM"))
         trainer = GRPOTrainer(model, GRPOConfig(lr=1e-5, micro_batch_size=micro, device="cpu", trim_logits=trim,
                                                 share_prompt=share), autocast="bfloat16" if autocast else None)
-        return lambda: trainer.step(samples, gids, version)
+        # stale: every sample one version behind the trainer (rollouts overlapping the update, max_staleness 1)
+        return lambda: trainer.step(samples, gids, version + 1 if stale else version)
 
     def bare(autocast: bool = False):
         model = AutoModelForCausalLM.from_pretrained(model_dir).train()
@@ -222,15 +224,18 @@ def time_variants(model_dir: Path, last: dict, repeats: int, micro: int) -> list
             opt.zero_grad(set_to_none=True)
         return step
 
-    variants = {"bare fwd+bwd+AdamW": bare(), "GRPO step (the default: shared prompt, trimmed logits)": grpo(),
-                "GRPO step, every prompt run": grpo(share=False),
-                "GRPO step, every prompt run, every logit": grpo(share=False, trim=False),
-                "bare, bf16 autocast": bare(autocast=True),
-                "GRPO step, train.dtype mixed (bf16 autocast)": grpo(autocast=True),
-                "GRPO step, bf16 weights": grpo(dtype=torch.bfloat16),
-                "GRPO step, LoRA r=16": grpo(lora=16),
-                "GRPO step, LoRA r=16, mixed": grpo(lora=16, autocast=True),
-                "GRPO step, grad checkpointing": grpo(checkpointing=True)}
+    factories = {"bare fwd+bwd+AdamW": lambda: bare(), "GRPO step (the default: shared prompt, trimmed logits)": lambda: grpo(),
+                 "GRPO step, every prompt run": lambda: grpo(share=False),
+                 "GRPO step, every prompt run, every logit": lambda: grpo(share=False, trim=False),
+                 "bare, bf16 autocast": lambda: bare(autocast=True),
+                 "GRPO step, train.dtype mixed (bf16 autocast)": lambda: grpo(autocast=True),
+                 "GRPO step, bf16 weights": lambda: grpo(dtype=torch.bfloat16),
+                 "GRPO step, LoRA r=16": lambda: grpo(lora=16),
+                 "GRPO step, LoRA r=16, mixed": lambda: grpo(lora=16, autocast=True),
+                 "GRPO step, LoRA r=16, mixed, every sample one version stale": lambda: grpo(lora=16, autocast=True, stale=True),
+                 "GRPO step, grad checkpointing": lambda: grpo(checkpointing=True)}
+    # each variant's model is built only if it is timed; the first (bare) always is: the ratios are against it
+    variants = {k: make() for i, (k, make) in enumerate(factories.items()) if i == 0 or not only or any(o in k for o in only)}
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
     for fn in variants.values():
         fn()  # warm-up
@@ -269,6 +274,8 @@ def main() -> None:
     ap.add_argument("--completion", type=int, default=8, help="--synthetic: generated tokens per sample")
     ap.add_argument("--variants", action="store_true", help="time bf16, checkpointing, every-logit variants too")
     ap.add_argument("--micro-batch", type=int, default=32)
+    ap.add_argument("--only", nargs="*", help="--variants: time only the variants whose names contain one of these "
+                    "(and bare, the reference)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -301,7 +308,7 @@ def main() -> None:
             print(f"\nbatch: {len(last['samples'])} samples, {real} tokens ({loss_tokens} with loss), padded to "
                   f"{padded} ({1 - real / padded:.1%} padding: the most packing could save); load "
                   f"{os.getloadavg()[0]:.1f}")
-            rows = time_variants(model_dir, last, args.repeats, args.micro_batch)
+            rows = time_variants(model_dir, last, args.repeats, args.micro_batch, args.only)
             base_w = min(w for w, _ in rows[0][1])
             base_c = statistics.median(c for _, c in rows[0][1])
             print(f"\n| variant ({args.repeats} interleaved repeats) | wall s/step (min) | tokens/s | CPU s/step (median) "
