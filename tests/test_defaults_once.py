@@ -198,3 +198,36 @@ def test_rlgate_serve_refuses_an_option_out_of_bounds_before_loading_anything(tm
     assert "--max-tokens-cap: Input should be greater than or equal to 1" in proc.stderr
     assert "--context-length: Input should be greater than or equal to 1" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# numbers a serving option may take anywhere on the line, each with the reason
+UNBOUNDED = {
+    "outcome_low": "the operator's outcome scale (its order is checked: outcome_high > outcome_low)",
+    "outcome_high": "the operator's outcome scale",
+    "reward_low": "the live reward's scale (its order is checked: reward_high > reward_low)",
+    "reward_high": "the live reward's scale",
+    "canary_floor": "a quality floor on the operator's reward scale",
+}
+
+
+def test_every_numeric_serving_option_has_bounds():
+    """Every number from outside is checked: each int / float option of rlgate serve carries a pydantic
+    bound (ge, gt, le, lt), so a negative count, a NaN timeout or a ratio of 5 is refused at startup."""
+    from annotated_types import Ge, Gt, Le, Lt
+
+    missing = []
+    for cls in _options_classes() + [__import__("rlgate.cli", fromlist=["ServeOptions"]).ServeOptions]:
+        for name, f in cls.__pydantic_fields__.items():
+            base = [a for a in (typing.get_args(f.annotation) or (f.annotation,)) if a is not type(None)]
+            if base not in ([int], [float]) or name in UNBOUNDED:
+                continue
+            if not any(isinstance(m, Ge | Gt | Le | Lt) for m in f.metadata):
+                missing.append(f"{cls.__name__}.{name}")
+    assert not missing, f"numeric options without bounds: {missing}"
+    from rlgate.config import GatewayConfig, OnlineConfig
+
+    for bad in ({"guard_fork_ratio": 5.0}, {"header_timeout": float("nan")}, {"max_sessions": -1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            GatewayConfig(admin_key="k", **bad)
+    with pytest.raises(ValueError, match="lr"):
+        OnlineConfig(lr=0.0)

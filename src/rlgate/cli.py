@@ -73,7 +73,7 @@ class ServeOptions:
     chat_template: str | None = option(None, "Jinja chat template file, for a checkpoint without one (a base "
                                        "model) or to replace its own", metavar="FILE")
     host: str = option("127.0.0.1", "address to bind (one that is not loopback needs an explicit admin key)")
-    port: int = option(8000, "port to bind", metavar="PORT")
+    port: int = option(8000, "port to bind", metavar="PORT", ge=0, le=65535)
     admin_key: str | None = option(None, "admin key (none: $RLGATE_ADMIN_KEY, else a generated one)", metavar="KEY")
     admin_key_file: str | None = option(None, "write the (generated) admin key to this file, mode 0600",
                                         metavar="PATH")

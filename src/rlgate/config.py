@@ -127,77 +127,82 @@ class GatewayConfig:
     model_name: str = option("rlgate", "the model name /v1/models lists and responses echo when a request names "
                              "none (default: the --model directory's name)", cli_default=None)
     max_policies: int = option(8, "LoRA adapter policies served at once beside the default policy (POST /rl/policies; "
-                               "more -> 409 policy_limit_reached)")
-    session_idle_timeout: float = option(3600.0, "seconds without a request before the sweeper ends a session")
-    sweep_interval: float = option(60.0, "seconds between idle-session sweeps")
-    max_sessions: int = option(10_000, "open (active) sessions at once; more -> 429")
-    max_stored_sessions: int = option(100_000, "sessions held in any state (active, ended, interrupted); more -> 429")
-    max_interactions_per_session: int = option(10_000, "interactions per session; more -> 429")
-    max_concurrent_requests_per_session: int = option(64, "generations in flight for one session key; more -> 429")
-    max_messages_per_request: int = option(10_000, "messages in one generation request; more -> 400")
-    max_tools: int = option(512, "tools offered in one request; more -> 400")
-    max_stop_sequences: int = option(16, "stop strings in one request; more -> 400")
-    max_body_bytes: int = option(32 * 1024 * 1024, "largest request body in bytes (chunked bodies too); more -> 413")
-    retain_exported: float = option(0.0, "seconds an exported session is kept for audit (0: dropped at export)")
-    shutdown_timeout: float = option(30.0, "SIGTERM: seconds requests in flight get to finish before being aborted")
+                               "more -> 409 policy_limit_reached)", ge=0)
+    session_idle_timeout: float = option(3600.0, "seconds without a request before the sweeper ends a session", ge=0)
+    sweep_interval: float = option(60.0, "seconds between idle-session sweeps", ge=0)
+    max_sessions: int = option(10_000, "open (active) sessions at once; more -> 429", ge=1)
+    max_stored_sessions: int = option(100_000, "sessions held in any state (active, ended, interrupted); more -> 429", ge=1)
+    max_interactions_per_session: int = option(10_000, "interactions per session; more -> 429", ge=1)
+    max_concurrent_requests_per_session: int = option(64, "generations in flight for one session key; more -> 429", ge=1)
+    max_messages_per_request: int = option(10_000, "messages in one generation request; more -> 400", ge=1)
+    max_tools: int = option(512, "tools offered in one request; more -> 400", ge=1)
+    max_stop_sequences: int = option(16, "stop strings in one request; more -> 400", ge=1)
+    max_body_bytes: int = option(32 * 1024 * 1024, "largest request body in bytes (chunked bodies too); more -> 413", ge=1)
+    retain_exported: float = option(0.0, "seconds an exported session is kept for audit (0: dropped at export)", ge=0)
+    shutdown_timeout: float = option(30.0, "SIGTERM: seconds requests in flight get to finish before being aborted", ge=0)
     cors_origins: list[str] = option(help="allow this CORS origin (repeat for several; none: no CORS headers)",
                                      factory=list, flag="--cors-origin", metavar="ORIGIN")
     stream_keepalive_interval: float = option(
-        10.0, "seconds without a streamed event before a keep-alive event (ping) is sent (0: never)")
+        10.0, "seconds without a streamed event before a keep-alive event (ping) is sent (0: never)", ge=0)
     image_placeholder: str = "<image>"  # informational: what text-only templates render for an image
     # ---- hardening (docs/operations.md "Limits", docs/security.md) ----
     allow_template_override: bool = option(
         False, "let clients set reserved chat_template_kwargs (chat_template, tokenize, ...): only for trusted "
         "clients; their templates then render in a worker bounded by --render-timeout")
     render_timeout: float = option(
-        30.0, "seconds a request's prompt may take to render and tokenize in a worker thread; more -> 503")
-    render_workers: int = option(2, "worker threads that render and tokenize large prompts (small ones stay on the event loop)")
-    max_json_depth: int = option(64, "nesting depth of a request body; deeper -> 400")
-    max_image_bytes: int = option(10 * 1024 * 1024, "size of one image (base64 data or URL) in a request; larger -> 413")
+        30.0, "seconds a request's prompt may take to render and tokenize in a worker thread; more -> 503", ge=0)
+    render_workers: int = option(2, "worker threads that render and tokenize large prompts (small ones stay on the event loop)",
+        ge=1)
+    max_json_depth: int = option(64, "nesting depth of a request body; deeper -> 400", ge=1)
+    max_image_bytes: int = option(10 * 1024 * 1024, "size of one image (base64 data or URL) in a request; larger -> 413", ge=1)
     max_image_bytes_per_session: int = option(
-        64 * 1024 * 1024, "image bytes one session may record (each image counted where the store writes it); more -> 413")
+        64 * 1024 * 1024, "image bytes one session may record (each image counted where the store writes it); more -> 413", ge=1)
     rate_limit_per_key: float = option(
-        0.0, "requests per second one session key may make (token bucket; 0: no limit); more -> 429 + Retry-After")
-    rate_limit_burst: int = option(32, "token bucket size of --rate-limit-per-key")
+        0.0, "requests per second one session key may make (token bucket; 0: no limit); more -> 429 + Retry-After", ge=0)
+    rate_limit_burst: int = option(32, "token bucket size of --rate-limit-per-key", ge=1)
     header_timeout: float = option(
-        10.0, "seconds a client has to send a request's headers (from the connection or the request's first byte)")
+        10.0, "seconds a client has to send a request's headers (from the connection or the request's first byte)", ge=0)
     body_timeout: float = option(
-        60.0, "seconds a client has to send a whole request body once its headers arrived; slower -> 408")
+        60.0, "seconds a client has to send a whole request body once its headers arrived; slower -> 408", ge=0)
     max_buffered_body_bytes: int = option(
-        512 * 1024 * 1024, "request bodies held in memory at once, all requests together; more -> 503 server_busy")
+        512 * 1024 * 1024, "request bodies held in memory at once, all requests together; more -> 503 server_busy", ge=1)
     max_connections: int = option(
-        2048, "open HTTP connections; more are answered 503 and closed (lowered to fit the open-file limit)")
+        2048, "open HTTP connections; more are answered 503 and closed (lowered to fit the open-file limit)", ge=1)
 
     # ---- metrics, silent-failure guards and the viewer (docs/operations.md, "Metrics and guards")
     metrics_port: int | None = option(None, "also serve GET /metrics without a key on this port (a separate bind for scrapers); "
-                                      "None: only the admin-key /metrics on the main port")
+                                      "None: only the admin-key /metrics on the main port", ge=0, le=65535)
     metrics_host: str = option("127.0.0.1", "address of the --metrics-port bind")
     ui: bool = option(False, "serve the trajectory viewer at /ui (admin key required: login form or Authorization header)")
-    ui_login_ttl: float = option(12 * 3600.0, "seconds a /ui login cookie stays valid")
-    guard_window: int = option(500, "observations each silent-failure guard looks back over (a reply, an export, a store poll)")
-    guard_min_events: int = option(20, "events a guard needs in its window before its ratio can raise an alarm")
+    ui_login_ttl: float = option(12 * 3600.0, "seconds a /ui login cookie stays valid", ge=0)
+    guard_window: int = option(500, "observations each silent-failure guard looks back over (a reply, an export, a store poll)",
+        ge=1)
+    guard_min_events: int = option(20, "events a guard needs in its window before its ratio can raise an alarm", ge=1)
     guard_poll_interval: float = option(
-        5.0, "seconds between polls of the store's write counters (store guard, alarms without traffic)")
+        5.0, "seconds between polls of the store's write counters (store guard, alarms without traffic)", ge=0)
     guard_tool_parse_failure_ratio: float = option(
-        0.1, "alarm when more than this fraction of tool-call blocks the parser met did not parse")
+        0.1, "alarm when more than this fraction of tool-call blocks the parser met did not parse", ge=0, le=1)
     guard_unparsed_tool_markup_ratio: float = option(
-        0.05, "alarm when more than this fraction of replies show tool-call markup as text")
+        0.05, "alarm when more than this fraction of replies show tool-call markup as text", ge=0, le=1)
     guard_empty_reply_ratio: float = option(
-        0.1, "alarm when more than this fraction of replies are empty (no text, reasoning or tool call)")
+        0.1, "alarm when more than this fraction of replies are empty (no text, reasoning or tool call)", ge=0, le=1)
     guard_fork_ratio: float = option(
-        0.25, "alarm when more than this fraction of follow-up turns fork instead of extending a parent")
+        0.25, "alarm when more than this fraction of follow-up turns fork instead of extending a parent", ge=0, le=1)
     guard_unaligned_turn_ratio: float = option(
-        0.05, "alarm when more than this fraction of turns in concat exports are unaligned (no loss)")
-    guard_missing_reward_ratio: float = option(0.05, "alarm when more than this fraction of exported samples have no reward")
+        0.05, "alarm when more than this fraction of turns in concat exports are unaligned (no loss)", ge=0, le=1)
+    guard_missing_reward_ratio: float = option(0.05, "alarm when more than this fraction of exported samples have no reward",
+        ge=0, le=1)
     guard_stale_lag: int = option(
-        STALE_LAG, "a generated token is stale at export when the weights moved more than this many versions since")
-    guard_stale_token_ratio: float = option(0.1, "alarm when more than this fraction of exported generated tokens are stale")
+        STALE_LAG, "a generated token is stale at export when the weights moved more than this many versions since", ge=0)
+    guard_stale_token_ratio: float = option(0.1, "alarm when more than this fraction of exported generated tokens are stale",
+        ge=0, le=1)
     guard_abort_ratio: float = option(
-        0.1, "alarm when more than this fraction of generations are aborted, fail or are cut by a restart")
-    guard_store_failure_ratio: float = option(0.0, "alarm when more than this fraction of store writes fail (0: any failure)")
+        0.1, "alarm when more than this fraction of generations are aborted, fail or are cut by a restart", ge=0, le=1)
+    guard_store_failure_ratio: float = option(0.0, "alarm when more than this fraction of store writes fail (0: any failure)",
+        ge=0, le=1)
     guard_default_cap_cut_ratio: float = option(
         0.05, "alarm when more than this fraction of replies are cut by a token cap the client never asked "
-        "for (--default-max-tokens, --max-tokens-cap)")
+        "for (--default-max-tokens, --max-tokens-cap)", ge=0, le=1)
 
 
 @dataclass(config=OPTIONS)
@@ -224,9 +229,9 @@ class ClusterConfig:
     replica_host: str = option("127.0.0.1", "interface each replica's HTTP port binds; 0.0.0.0 when replicas run on other nodes")
     ray_num_cpus: int | None = option(
         None, "local Ray cluster only: CPUs it may schedule (default: the machine's, or what the replicas "
-        "reserve if that is more)")
-    object_store_mb: int = option(128, "local Ray cluster only: object store size in MiB (the data plane does not use it)")
-    refresh_interval: float = option(0.5, "seconds between the router's refreshes of replica state and load")
+        "reserve if that is more)", ge=1)
+    object_store_mb: int = option(128, "local Ray cluster only: object store size in MiB (the data plane does not use it)", ge=1)
+    refresh_interval: float = option(0.5, "seconds between the router's refreshes of replica state and load", ge=0)
     namespace: str = option("rlgate", "Ray namespace of the replica actors")
 
 
@@ -252,36 +257,36 @@ class OnlineConfig:
         "mean", "how a turn's feedback makes one reward: mean (weighted mean of the signals, in [-1, 1] when "
         "outcomes are) or sum")
     abandon_after: float = option(1800.0, "seconds without a follow-up after a turn before it counts as "
-                                  "abandoned (an implicit signal; 0: never)")
+                                  "abandoned (an implicit signal; 0: never)", ge=0)
     implicit_scan_interval: float = option(1.0, "seconds between scans of new turns for implicit signals "
-                                           "(regenerate, edit, tool error, abandon)")
+                                           "(regenerate, edit, tool error, abandon)", ge=0)
     tool_error_pattern: str = option(
         r"^\s*(error|exception|traceback)\b", "a tool result whose text matches this (case-insensitive) "
         "regular expression is a failed tool call (Anthropic's is_error always is)", metavar="REGEX")
     data_retention_hours: float = option(0.0, "delete a conversation (turns, feedback) this many hours after "
-                                         "its last activity (0: keep until deleted on request)")
-    retention_interval: float = option(60.0, "seconds between retention purges")
+                                         "its last activity (0: keep until deleted on request)", ge=0)
+    retention_interval: float = option(60.0, "seconds between retention purges", ge=0)
     redaction_hook: str | None = option(
         None, "package.module:attribute: a function (messages) -> messages applied to every turn before it "
         "reaches the trainer (an operator's code, never a request's)", metavar="PATH")
     max_feedback_per_target: int = option(1000, "feedback events one turn or conversation may receive; "
-                                          "more -> 429")
-    max_comment_chars: int = option(10_000, "longest feedback comment; longer -> 400")
+                                          "more -> 429", ge=1)
+    max_comment_chars: int = option(10_000, "longest feedback comment; longer -> 400", ge=0)
     max_feedback_metadata_bytes: int = option(4096, "largest feedback metadata object (its JSON, in bytes); "
-                                              "larger -> 400")
+                                              "larger -> 400", ge=0)
     outcome_low: float = option(-1.0, "lowest outcome value a feedback event may carry; lower -> 400")
     outcome_high: float = option(1.0, "highest outcome value a feedback event may carry; higher -> 400")
-    max_tenants: int = option(10_000, "tenants (revoked ones included) at most; more -> 429")
+    max_tenants: int = option(10_000, "tenants (revoked ones included) at most; more -> 429", ge=1)
     # ---- fair limits per tenant (online/quotas.py): one tenant's traffic cannot refuse another's
     max_open_conversations_per_tenant: int = option(
         1000, "open conversations (sessions) one tenant may hold; at the limit its least recently active idle "
-        "one is released to make room (429 only when all are busy)")
+        "one is released to make room (429 only when all are busy)", ge=1)
     max_conversations_per_tenant: int = option(20_000, "conversations one tenant may hold in any state (until "
-                                               "deleted, purged by retention or exported); more -> 429 for it")
-    max_feedback_per_tenant: int = option(200_000, "feedback events one tenant may have stored; more -> 429 for it")
+                                               "deleted, purged by retention or exported); more -> 429 for it", ge=1)
+    max_feedback_per_tenant: int = option(200_000, "feedback events one tenant may have stored; more -> 429 for it", ge=1)
     conversation_release_s: float = option(
         300.0, "release (end) a tenant's conversation session after this many seconds without a turn; its next "
-        "turn starts a new session (recorded as a new root). 0: only the gateway's hour-long idle sweeper")
+        "turn starts a new session (recorded as a new root). 0: only the gateway's hour-long idle sweeper", ge=0)
 
     # ==== online training (--online-train): live groups, the continuous trainer, the canary; read by
     # online/groups.py, online/trainer.py and online/canary.py (docs/online.md)
@@ -293,46 +298,46 @@ class OnlineConfig:
         "continuous trainer on its adapter, canary and guards; the base (the default policy) is frozen. Tenants "
         "bound to a policy (POST /v1/tenants/policy) train it (docs/policies.md)", flag="--online-train-adapters")
     lr: float = option(1e-5, "the online trainer's AdamW learning rate (grpo.lr of --online-train-config wins)",
-                       flag="--online-lr")
+                       flag="--online-lr", gt=0)
     train_config: str | None = option(
         None, "a YAML file with rlgate train's grpo: and train: sections for the online trainer (KL, clipping, "
         "warmup, micro-batches, dtype, LoRA; docs/online.md); the offline loop's batch keys are refused (none: "
         "rlgate train's defaults)", flag="--online-train-config", metavar="PATH")
     # ---- live groups
     group_fraction: float = option(0.0, "fraction of completed replies that get k-1 extra replies to the same "
-                                   "prompt, sampled off the user's path and scored as one GRPO group (0: off)")
-    group_size: int = option(4, "k: replies per live group, the user's own included")
+                                   "prompt, sampled off the user's path and scored as one GRPO group (0: off)", ge=0, le=1)
+    group_size: int = option(4, "k: replies per live group, the user's own included", ge=1)
     group_tokens_per_minute: int = option(20_000, "budget of extra generated tokens per minute for live groups "
-                                          "(a group is skipped when its worst case does not fit)")
+                                          "(a group is skipped when its worst case does not fit)", ge=0)
     group_shed_waiting: int = option(0, "skip live groups while the engine has more than this many requests "
-                                     "waiting for a batch row (user traffic first)")
+                                     "waiting for a batch row (user traffic first)", ge=0)
     group_reward: str | None = option(None, "the reward of live groups: package.module:attribute, a function "
                                       "(episode) -> float or awaitable, or an object with score_group(episodes)"
                                       " (none: live groups are off)", metavar="PATH")
     # ---- continuous trainer
-    train_batch: int = option(32, "rewarded samples (fresh ones, replay excluded) before a training step")
+    train_batch: int = option(32, "rewarded samples (fresh ones, replay excluded) before a training step", ge=1)
     train_batch_max: int = option(128, "fresh samples one step takes at most (the oldest first; the rest wait "
-                                  "for the next step)")
+                                  "for the next step)", ge=1)
     candidate_steps: int = option(1, "training steps between two canary candidates (a candidate only a step "
-                                  "away from stable differs little, and the canary needs many rewards to tell)")
+                                  "away from stable differs little, and the canary needs many rewards to tell)", ge=1)
     max_staleness_versions: int = option(4, "drop a sample whose oldest token is more than this many versions "
-                                         "behind the trainer")
-    max_staleness_hours: float = option(24.0, "drop a sample generated more than this many hours ago")
+                                         "behind the trainer", ge=0)
+    max_staleness_hours: float = option(24.0, "drop a sample generated more than this many hours ago", ge=0)
     pending_limit: int = option(4096, "rewarded samples waiting for a step at most (the oldest are dropped "
-                                "beyond it, counted)")
+                                "beyond it, counted)", ge=1)
     replay_fraction: float = option(0.25, "share of a step's samples drawn again from samples already trained "
-                                    "on (within the staleness bounds)")
-    replay_capacity: int = option(512, "samples kept for replay at most")
-    retention_hours: float = option(24.0, "samples leave the replay buffer after this many hours")
+                                    "on (within the staleness bounds)", ge=0, le=1)
+    replay_capacity: int = option(512, "samples kept for replay at most", ge=0)
+    retention_hours: float = option(24.0, "samples leave the replay buffer after this many hours", ge=0)
     tenant_train_share: float = option(0.5, "while other tenants' samples wait, one tenant's samples make at most "
-                                       "this share of a step's fresh samples")
+                                       "this share of a step's fresh samples", ge=0, le=1)
     # ---- canary
-    canary_share: float = option(0.2, "share of new conversations a candidate checkpoint serves")
-    canary_alpha: float = option(0.05, "error level of the canary's sequential test (confidence sequence)")
+    canary_share: float = option(0.2, "share of new conversations a candidate checkpoint serves", ge=0, le=1)
+    canary_alpha: float = option(0.05, "error level of the canary's sequential test (confidence sequence)", ge=0, le=1)
     canary_margin: float = option(0.05, "promote once the canary is, with confidence, not worse than stable by "
-                                  "more than this (in reward units)")
-    canary_min_samples: int = option(20, "rewards each version needs before an automatic decision")
-    canary_plan_samples: int = option(200, "sample size where the test's interval is tightest")
+                                  "more than this (in reward units)", ge=0)
+    canary_min_samples: int = option(20, "rewards each version needs before an automatic decision", ge=1)
+    canary_plan_samples: int = option(200, "sample size where the test's interval is tightest", ge=1)
     canary_floor: float | None = option(None, "a fixed quality floor: the canary is promoted only once its mean "
                                         "live reward is shown at or above it, rolled back once shown below it "
                                         "(none: only 'not worse than stable')")
@@ -340,20 +345,20 @@ class OnlineConfig:
     reward_high: float = option(1.0, "highest live reward")
     conversation_idle_s: float = option(60.0, "after a promotion the next candidate waits until the previous "
                                         "stable version's conversations have been idle this long (they keep "
-                                        "their version until then; an idle one may move at its next turn)")
+                                        "their version until then; an idle one may move at its next turn)", ge=0)
     # ---- reward-hacking guards (online/hacking.py)
     hacking_action: Literal["alarm", "pause", "rollback"] = option(
         "pause", "what a reward-hacking guard firing on the canary does: alarm (log, /health, metrics), pause (also "
         "no automatic promotion while it fires) or rollback (the canary is rolled back)")
     hacking_reference_replies: int = option(200, "replies of the starting version that teach the guards the users' "
-                                          "vocabulary, then as many that measure the reference rates")
-    hacking_window: int = option(200, "a version's last replies the guards look at")
+                                          "vocabulary, then as many that measure the reference rates", ge=1)
+    hacking_window: int = option(200, "a version's last replies the guards look at", ge=1)
     hacking_min_replies: int = option(50, "replies of a version before its guards may fire (and before it may be "
-                                    "promoted automatically unless hacking_action is alarm)")
+                                    "promoted automatically unless hacking_action is alarm)", ge=1)
     hacking_margin: float = option(0.15, "a guard fires when a version's rate of a sign exceeds the reference's by "
-                                 "more than this")
+                                 "more than this", ge=0)
     hacking_entropy_ratio: float = option(0.3, "entropy collapse: a version's mean surprisal per sampled token below "
-                                        "this fraction of the reference's")
+                                        "this fraction of the reference's", ge=0, le=1)
     hacking_alarm_only: list[str] = option(
         help="a guard that only alarms: it never holds or rolls back a candidate (repeat for several), e.g. "
         "online_entropy_collapse for a task whose good replies are short and sure (online/hacking.py)",
@@ -363,10 +368,10 @@ class OnlineConfig:
                                        "its stable version (operator code, loaded once; none: no held-out guard)",
                                        metavar="PATH")
     heldout_margin: float = option(0.1, "the held-out guard fires when a candidate scores more than this below "
-                                   "stable")
-    heldout_max_tokens: int = option(32, "tokens per held-out reply (greedy)")
+                                   "stable", ge=0)
+    heldout_max_tokens: int = option(32, "tokens per held-out reply (greedy)", ge=1)
     max_conversations: int = option(100_000, "conversation-to-version bindings kept at most (least recent "
-                                    "dropped)")
+                                    "dropped)", ge=1)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.outcome_low) and math.isfinite(self.outcome_high)

@@ -31,9 +31,9 @@ class RemoteOptions:
     backend_api_key: str | None = option(None, "Bearer key the backends require (their --api-key)", metavar="KEY")
     failover: Failover = option("fail", "requests of sessions pinned to a failed backend: answer 503 (fail) or move "
                                 "the session to another backend (move; token-exact, loses the prefix cache)")
-    health_interval: float = option(5.0, "seconds between backend health checks (0: no health loop)")
-    backend_timeout: float = option(300.0, "seconds a backend may stay silent in the middle of a generation")
-    backend_max_connections: int = option(512, "connections per backend")
+    health_interval: float = option(5.0, "seconds between backend health checks (0: no health loop)", ge=0)
+    backend_timeout: float = option(300.0, "seconds a backend may stay silent in the middle of a generation", ge=0)
+    backend_max_connections: int = option(512, "connections per backend", ge=1)
     strict_logprobs: bool = option(False, "refuse (400) sampling parameters for which the backend's reported "
                                    "logprobs are not log_softmax(logits / T) (see docs/remote-engines.md)")
     sglang_pause_mode: SGLangPauseMode = option("retract", "how SGLang pauses in-flight requests during a weight "
