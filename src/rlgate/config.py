@@ -58,7 +58,6 @@ STALE_LAG = 4
 
 # every options class: pydantic-validated at construction (engines, stores and pools are plain objects)
 OPTIONS = ConfigDict(arbitrary_types_allowed=True)
-BOUNDS = ("ge", "gt", "le", "lt")
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,
