@@ -108,9 +108,11 @@ def test_a_judge_giving_nan_loses_its_group_and_big_scores_are_clipped(tokenizer
 async def test_a_non_finite_step_is_discarded_alarmed_never_published_and_training_recovers(
         tiny_model_dir, tokenizer, stop_ids, asgi_client):
     """A real GRPO step (train/online.py on the tiny model) whose loss is not finite: samples with absurd but
-    finite recorded logprobs (-1e30) pass the input check and make the ratio overflow. The update is not
-    applied, the step's samples are dropped, no candidate is offered, the nonfinite_steps guard fires; the
-    next good step trains and publishes."""
+    finite recorded logprobs (-1e30) pass the input check and, with ``grpo.proximal: recorded`` (the ratio
+    taken against them), make the ratio overflow. The update is not applied, the step's samples are dropped,
+    no candidate is offered, the nonfinite_steps guard fires; the next good step trains and publishes. (Under
+    the default ``proximal: trainer`` the same samples weigh at most ``importance_cap``:
+    test_train_loop.py's test_absurd_recorded_logprobs_weigh_at_most_the_cap.)"""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -118,7 +120,10 @@ async def test_a_non_finite_step_is_discarded_alarmed_never_published_and_traini
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     options = OnlineConfig(train=True, lr=1e-2, train_batch=2, replay_fraction=1.0)
-    training = build_online_training(model, options, tokenizer)
+    from rlgate.train.config import GRPOConfig, OnlineTrainConfig
+
+    training = build_online_training(model, options, tokenizer,
+                                     train_config=OnlineTrainConfig(grpo=GRPOConfig(lr=1e-2, proximal="recorded")))
     trainer, engines = training.trainer, training.engines
     assert trainer is not None and engines is not None
     from helpers import ADMIN_KEY

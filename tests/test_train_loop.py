@@ -365,3 +365,24 @@ def test_a_stale_batch_with_one_update_runs_no_extra_proximal_forward(tiny_model
         if current_version == 1:
             assert m["clip_fraction"] == 0.0 and m["approx_kl"] == 0.0
     assert forwards[1] == forwards[0] >= 1
+
+
+def test_absurd_recorded_logprobs_weigh_at_most_the_cap(tiny_model_dir):
+    """Recorded logprobs of -1e30 (a broken engine, a corrupted record): with ``proximal: recorded`` the
+    ratio against them overflows and the update is skipped (counted in ``nonfinite_updates``); with the
+    default ``proximal: trainer`` the ratio is the trainer's own and each token's weight is capped at
+    ``importance_cap``, so the step stays finite and trains."""
+    def sample(reward):
+        return Sample(id="s", input_ids=[5, 6, 7, 8, 9, 10], loss_mask=[0, 0, 1, 1, 1, 1],
+                      logprobs=[0.0, 0.0, -1e30, -1e30, -1e30, -1e30], versions=[-1, -1, 0, 0, 0, 0], reward=reward)
+
+    batch = [sample(1.0), sample(0.0)]
+    assert GRPOConfig().proximal == "trainer"
+    for proximal, nonfinite in (("recorded", 1.0), ("trainer", 0.0)):
+        model = _fresh_model(tiny_model_dir)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        m = GRPOTrainer(model, GRPOConfig(lr=1e-3, device="cpu", proximal=proximal)).step(batch, ["g", "g"], 0)
+        assert m["nonfinite_updates"] == nonfinite, proximal
+        changed = any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+        assert changed == (nonfinite == 0.0), proximal
+        assert all(bool(torch.isfinite(v).all()) for v in model.state_dict().values())

@@ -71,7 +71,7 @@ class RealDemoSettings(DemoSettings):
     truncated_reward: float | None = 0.0  # a reply cut at max_tokens earns 0 in training (not in evaluation)
     train_reward: str = "number-first"  # partial credit only for a reply that starts with the right number
     clip_high: float | None = 0.28  # grpo.clip_high: DAPO's clip-higher, against the entropy collapse (docs/training.md §6)
-    proximal: Literal["recorded", "trainer"] = "recorded"  # grpo.proximal (docs/training.md §3, "The loss")
+    proximal: Literal["recorded", "trainer"] = "trainer"  # grpo.proximal (docs/training.md §3, "The loss")
     kinds: tuple[str, ...] = ("larger",)  # the questions asked: ("larger", "smaller") for both
     max_tokens: int = 8
     concurrency: int = 32

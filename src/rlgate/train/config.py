@@ -52,10 +52,11 @@ class GRPOConfig(_Strict):
     clip_high: float | None = Field(default=None, gt=0, description="ratio <= 1 + clip_high (None: = clip_low)")
     importance_cap: float = Field(default=IMPORTANCE_CAP, ge=1, description="max off-policy weight pi_prox / pi_behav")
     proximal: Literal["recorded", "trainer"] = Field(
-        default="recorded", description="what the PPO ratio of an on-policy token is taken against: the logprob the "
-        "engine recorded (recorded), or the trainer's own at the start of the step (trainer: the recorded one then "
-        "only weights the token, min(pi_trainer / pi_engine, importance_cap), correcting a train-inference mismatch "
-        "such as bfloat16 compute instead of clipping it)")
+        default="trainer", description="what the PPO ratio of an on-policy token is taken against: the trainer's own "
+        "logprob at the start of the step (trainer: the engine's recorded one then only weights the token, "
+        "min(pi_trainer / pi_engine, importance_cap), correcting a train-inference mismatch such as bfloat16 compute "
+        "instead of clipping it; docs/training.md §3, 16 seeds on two tasks), or the logprob the engine recorded "
+        "(recorded: the clip then binds wherever the two disagree)")
     kl_coef: float = Field(default=0.0, ge=0, description="> 0: k3 KL to a frozen copy of the start")
     scale_adv_by_std: bool = Field(default=False, description="divide advantages by the group std")
     micro_batch_size: int = Field(default=16, ge=1, description="samples per forward/backward")

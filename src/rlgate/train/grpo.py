@@ -8,8 +8,9 @@ it run in ``rlgate demo``. One optimisation step:
    ``max_staleness`` policy versions behind;
 2. advantages: each sample's reward minus its group's mean (optionally / std);
 3. forward + backward over micro-batches (gradient accumulation), PPO-clip loss with the
-   ratio against the *recorded* behaviour logprobs — decoupled through the proximal
-   policy when a sample is stale — plus an optional KL to a frozen reference;
+   ratio against the proximal policy (the trainer's own logprobs at the start of the step)
+   and each token weighted by the capped ratio of those to the *recorded* behaviour logprobs
+   — decoupled PPO — plus an optional KL to a frozen reference;
 4. gradient clipping, AdamW step;
 5. push the weights to the serving policy (colocated copy or remote checkpoint), which
    bumps the weight version, and admit one more step's worth of episodes.
@@ -19,13 +20,12 @@ Departures from textbook GRPO:
 * loss normalisation is per token over the whole step (sum of token losses / number of
   generated tokens in the step, DAPO-style), not per sequence then per group;
 * advantages are only mean-centred by default (no std scaling, as in Dr. GRPO);
-* one optimiser update per batch by default; the ratio of an on-policy token is taken against
-  the logprob the engine recorded, so it is 1 only as far as trainer and engine agree: with
-  bfloat16 compute against a float32 engine they differed by 0.07-0.11 nats per token on
-  SmolLM2 and the clip bound 5-17% of on-policy tokens (``behav_logprob_abs_err``,
-  ``clip_fraction``). ``grpo.proximal: trainer`` takes the ratio against the trainer's own
-  logprobs instead (1 at the single update) and weights each token by the capped
-  pi_trainer / pi_engine (stale samples are corrected by that capped weight either way);
+* one optimiser update per batch by default, whose ratio is then exactly 1 (``grpo.proximal:
+  trainer``, the default): trainer and engine need not agree, and with bfloat16 compute against a
+  float32 engine they differed by 0.07-0.11 nats per token on SmolLM2 (``behav_logprob_abs_err``);
+  the capped pi_trainer / pi_engine weight corrects that instead. ``proximal: recorded`` takes an
+  on-policy token's ratio against the engine's logprob, as before 2026-12-06: the clip then bound
+  5-17% of on-policy tokens (``clip_fraction``) and the sums task fell back (docs/training.md §3);
 * samples without a reward (e.g. a side request off the rewarded branch) are left out of
   the step and counted, not trained on as reward 0;
 * the policy runs with dropout off (``eval()`` mode, gradients still flow), so for
