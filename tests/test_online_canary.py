@@ -171,7 +171,7 @@ def test_serve_online_train_needs_online_and_the_local_engine(tiny_tokenizer_dir
         with pytest.raises(SystemExit, match="needs --online and --engine local"):
             main(["serve", "--model", str(tiny_tokenizer_dir), "--engine", "fake", "--online-train", "--port", "0",
                   *extra])
-    with pytest.raises(SystemExit, match="canary_share must be in"):
+    with pytest.raises(SystemExit, match="--canary-share: Input should be less than or equal to 1"):
         main(["serve", "--model", str(tiny_tokenizer_dir), "--engine", "fake", "--online", "--online-train",
               "--canary-share", "2", "--port", "0"])
 
