@@ -198,6 +198,9 @@ def test_rlgate_serve_refuses_an_option_out_of_bounds_before_loading_anything(tm
     assert "--max-tokens-cap: Input should be greater than or equal to 1" in proc.stderr
     assert "--context-length: Input should be greater than or equal to 1" in proc.stderr
     assert "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "rlgate.cli", "serve", "--model", str(tmp_path), "--engine", "fake",
+                           "--port", "70000"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "--port: Input should be less than or equal to 65535" in proc.stderr, proc.stderr
 
 
 # numbers a serving option may take anywhere on the line, each with the reason

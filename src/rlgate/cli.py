@@ -266,6 +266,7 @@ def merged_lora(adapter: Path) -> Path:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     _offline_env()
+    from_arguments(ServeOptions, args)  # its own flags' bounds (--port), before anything else
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     resolve_model_arg(args)
     if (Path(args.model) / "adapter_config.json").is_file():

@@ -24,7 +24,7 @@ by the same library, with the same errors, as the training run's YAML sections
 (``train/config.py``). :func:`option`'s help text is also the field's pydantic ``description``,
 and its bounds (``ge``, ``gt``, ``le``, ``lt``) are pydantic's, so a value out of range is refused
 whether it comes from a flag, a YAML key or code. A training section that takes a serving
-option embeds this declaration (``train/config.py``'s ``serving_option``) instead of writing
+option embeds this declaration (:func:`embedded`) instead of writing
 its type, default, bounds and help again.
 """
 
